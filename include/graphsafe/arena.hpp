@@ -1,0 +1,125 @@
+// Arena: the graph-safe workspace allocator.
+//
+//   graphsafe::CudaBackend backend;
+//   graphsafe::Arena arena(backend);
+//   arena.reserve(1 << 30, stream);                       // before capture
+//   auto ws = arena.request(stream, "kv", rows * 512, sizeof(bf16), capacity_bound, bindings);
+//
+// Reserves slabs from the backend before capture (a dedicated cudaMemPool_t for CUDA) and serves
+// requests from them by best-fit with coalescing, 256-byte aligned, stream-ordered frees. Requests
+// on a stream that is capturing through graphsafe (CaptureSession / capture()) are sized by their
+// policy, recorded in the capture's plan and placed in the capture family's region, which stays
+// reserved for as long as a graph of the family lives. Growth adds a slab and never moves one, so
+// an address a graph saw is never reallocated: address stability holds by construction.
+#pragma once
+
+#include <graphsafe/backend.hpp>
+#include <graphsafe/bindings.hpp>
+#include <graphsafe/extent.hpp>
+#include <graphsafe/sizing_policy.hpp>
+#include <graphsafe/workspace.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <string_view>
+
+namespace graphsafe {
+
+namespace detail {
+class ArenaCore;
+struct Family;
+}  // namespace detail
+
+inline constexpr std::uint64_t kAlignment = 256;
+
+struct ArenaOptions {
+  // Minimum slab size when an eager request finds no room and the arena grows.
+  std::uint64_t growth_bytes = 64ull << 20;
+  // Eager requests (outside capture) may add slabs. Requests during capture never do.
+  bool grow_on_demand = true;
+  // Under capture, a policy result that is not replay-safe (exact_at_capture on a dynamic extent)
+  // throws policy_refusal instead of being recorded as a finding and guarded.
+  bool refuse_unsafe_capture = false;
+  // Print capture findings on stderr when a capture ends.
+  bool report_findings = true;
+  // Query the stream's capture state on every request, even when no graphsafe capture is under
+  // way, and refuse requests on streams captured outside graphsafe. Costs ~60 ns per request on an
+  // H200; the debug mode turns it on.
+  bool always_check_capture = false;
+};
+
+struct ArenaStats {
+  std::uint64_t slab_bytes = 0;       // held from the backend
+  std::uint64_t slabs = 0;
+  std::uint64_t free_bytes = 0;       // in free blocks
+  std::uint64_t largest_free = 0;
+  std::uint64_t eager_bytes = 0;      // in eager (non-captured) workspaces
+  std::uint64_t eager_blocks = 0;
+  std::uint64_t region_bytes = 0;     // reserved for capture families
+  std::uint64_t families = 0;         // families holding a region
+  std::uint64_t live_graphs = 0;
+  std::uint64_t active_captures = 0;
+};
+
+// A set of graphs replayed one at a time on one stream (one per batch bucket, as engines do).
+// They share one region sized by their largest plan.
+class CaptureFamily {
+ public:
+  explicit CaptureFamily(std::shared_ptr<detail::Family> f) : f_(std::move(f)) {}  // use Arena::family
+  const std::shared_ptr<detail::Family>& impl() const { return f_; }
+  const std::string& name() const;
+  std::uint64_t region_bytes() const;   // current size of the shared region
+  std::uint64_t graphs() const;         // live graphs of the family
+  std::uint64_t largest_plan_bytes() const;
+  std::uint64_t sum_of_plan_bytes() const;  // what separate regions would have cost
+
+ private:
+  std::shared_ptr<detail::Family> f_;
+};
+
+class Arena {
+ public:
+  explicit Arena(Backend& backend, ArenaOptions opts = {});
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // Make sure a free block of at least `bytes` exists (adds a slab if not). Outside capture only.
+  void reserve(std::uint64_t bytes, Stream s);
+
+  // A workspace of policy.size(need) elements of `element_bytes` each.
+  Workspace request(Stream s, std::string_view name, const Extent& need, std::uint64_t element_bytes,
+                    const SizingPolicy& policy, const Bindings& b,
+                    std::source_location loc = std::source_location::current());
+
+  // A sized dimension: an element count that a captured graph freezes without allocating
+  // (a row stride, an offset into a workspace). Recorded and guarded like a request: an offset
+  // is a request boundary, so the overlap of the seed's bug is caught even when the total fits.
+  std::int64_t dimension(Stream s, std::string_view name, const Extent& need, const SizingPolicy& policy,
+                         const Bindings& b, std::source_location loc = std::source_location::current());
+
+  // Opaque byte request (library code that only has a size_t, cuda::mr, Thrust/CUB temporaries).
+  // Served and recorded like a request; a debug report flags it when made during capture.
+  void* allocate(Stream s, std::uint64_t bytes, std::uint64_t alignment = kAlignment,
+                 std::source_location loc = std::source_location::current());
+  void deallocate(Stream s, void* p, std::uint64_t bytes);
+
+  // A capture family: graphs passed this family share one region.
+  CaptureFamily family(std::string name);
+
+  // Return fully free slabs to the backend. Outside capture only.
+  void trim(Stream s);
+
+  ArenaStats stats() const;
+  Backend& backend() const;
+  const ArenaOptions& options() const;
+
+  detail::ArenaCore& core() const { return *core_; }
+
+ private:
+  std::shared_ptr<detail::ArenaCore> core_;
+};
+
+}  // namespace graphsafe

@@ -1,0 +1,52 @@
+// Backend: the thin layer under the arena. Everything the arena decides (sub-allocation, plans,
+// families, guards) is plain C++ over address ranges; a backend only provides memory, capture
+// state and graph launch. Two implementations obey one contract: CudaBackend (stream-ordered
+// allocator + CUDA Graphs) and HostBackend (host memory + recorded host graphs), so CI tests the
+// allocator's logic without a GPU.
+#pragma once
+
+#include <graphsafe/stream.hpp>
+
+#include <cstdint>
+#include <string_view>
+
+namespace graphsafe {
+
+enum class CaptureMode : std::uint8_t { global, thread_local_mode, relaxed };
+
+struct CaptureInfo {
+  bool active = false;       // stream is capturing right now
+  std::uint64_t id = 0;      // unique per capture over the process lifetime (never 0 when active)
+  bool invalidated = false;  // capture was started but is now invalid (an illegal call happened)
+};
+
+// Opaque handles owned by the backend.
+struct GraphHandle {
+  void* graph = nullptr;
+  void* exec = nullptr;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // Device memory for the arena's slabs, stream-ordered. Throw out_of_memory_error on failure.
+  virtual void* allocate_slab(std::uint64_t bytes, Stream s) = 0;
+  virtual void free_slab(void* p, std::uint64_t bytes, Stream s) = 0;
+
+  virtual CaptureInfo capture_info(Stream s) const = 0;
+  virtual void begin_capture(Stream s, CaptureMode mode) = 0;
+  // Ends the capture and instantiates the graph.
+  virtual GraphHandle end_capture(Stream s) = 0;
+  // Ends a capture that failed or was abandoned; discards whatever was recorded. Never throws.
+  virtual void abort_capture(Stream s) noexcept = 0;
+  virtual void launch(const GraphHandle& g, Stream s) = 0;
+  virtual void destroy(GraphHandle& g) noexcept = 0;
+
+  // Make `waiter` wait for everything issued to `producer` so far (event record + wait).
+  virtual void order_after(Stream waiter, Stream producer) = 0;
+  virtual void synchronize(Stream s) = 0;
+};
+
+}  // namespace graphsafe

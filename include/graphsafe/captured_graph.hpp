@@ -1,0 +1,99 @@
+// Capture and replay.
+//
+//   auto graph = graphsafe::capture(arena, stream, bindings, [&](const graphsafe::Bindings& b) {
+//     auto ws = arena.request(stream, "kv", rows, 1024, graphsafe::capacity_bound, b);
+//     my_kernel<<<grid, block, 0, stream>>>(ws.as<bf16>(), d_seq_lens);
+//   });
+//   bindings.set(seq_lens, {15, 17});          // sequences grew
+//   graph.replay(bindings, stream);            // guards first; refused (never launched) if unsafe
+//
+// CaptureSession is the RAII form: it starts routing requests to its plan *before*
+// cudaStreamBeginCapture, matches requests by capture id (streams forked into the capture from any
+// thread count), and if the capture fails or is abandoned (exception, early return) it ends the
+// capture and releases everything it acquired.
+#pragma once
+
+#include <graphsafe/arena.hpp>
+#include <graphsafe/plan.hpp>
+
+#include <functional>
+#include <memory>
+#include <optional>
+
+namespace graphsafe {
+
+namespace detail {
+struct GraphState;
+struct SessionState;
+}  // namespace detail
+
+struct CaptureOptions {
+  // Graphs of one family share a region (replayed one at a time on one stream). Empty: the graph
+  // gets a family of its own.
+  std::optional<CaptureFamily> family;
+  CaptureMode mode = CaptureMode::global;
+  // Called when a replay's guards fail. Return the bindings to re-capture with (e.g. rounded up to
+  // the next bucket) and the graph re-captures itself and replays; return nullopt to refuse.
+  // Only graphs made by capture(...) (which keeps the capture function) can re-capture.
+  std::function<std::optional<Bindings>(const Bindings& refused)> recapture;
+};
+
+class CapturedGraph;
+template <class Fn>
+CapturedGraph capture(Arena& arena, Stream s, const Bindings& b, Fn&& fn, CaptureOptions opts = {});
+
+class CapturedGraph {
+ public:
+  CapturedGraph(CapturedGraph&&) noexcept;
+  CapturedGraph& operator=(CapturedGraph&&) noexcept;
+  ~CapturedGraph();
+
+  // Check the guards for `b`, then launch on `s`. A failing guard never launches: it throws
+  // guard_failure (naming request, symbol, value and limit) or re-captures (CaptureOptions::recapture).
+  void replay(const Bindings& b, Stream s);
+  // Launch without checking guards. Exists so tests can show what the guards prevent.
+  void replay_unguarded_for_testing(Stream s);
+
+  const Plan& plan() const;
+  std::uint64_t reserved_bytes() const;  // bytes of this graph's plan
+  std::uint64_t recaptures() const;
+  CaptureFamily family() const;
+  const GraphHandle& handle() const;
+
+ private:
+  friend class CaptureSession;
+  template <class Fn>
+  friend CapturedGraph capture(Arena&, Stream, const Bindings&, Fn&&, CaptureOptions);
+  explicit CapturedGraph(std::unique_ptr<detail::GraphState> s);
+  void set_recapture(std::function<void(const Bindings&)> fn, Stream s);
+  std::unique_ptr<detail::GraphState> state_;
+};
+
+class CaptureSession {
+ public:
+  CaptureSession(Arena& arena, Stream s, const Bindings& b, CaptureOptions opts = {});
+  ~CaptureSession();  // abandons the capture if finish() was not called
+  CaptureSession(const CaptureSession&) = delete;
+  CaptureSession& operator=(const CaptureSession&) = delete;
+
+  // End the capture, instantiate, and hand the plan and region to the graph.
+  CapturedGraph finish();
+  const Plan& plan() const;
+
+ private:
+  std::unique_ptr<detail::SessionState> state_;
+};
+
+// Capture `fn(bindings)` on `s` into a graph. Exceptions from fn abandon the capture cleanly.
+template <class Fn>
+CapturedGraph capture(Arena& arena, Stream s, const Bindings& b, Fn&& fn, CaptureOptions opts) {
+  const bool keep = static_cast<bool>(opts.recapture);
+  std::function<void(const Bindings&)> f(std::forward<Fn>(fn));
+  CaptureSession session(arena, s, b, opts);
+  f(b);
+  CapturedGraph g = session.finish();
+  if (keep) g.set_recapture(std::move(f), s);
+  return g;
+}
+
+}  // namespace graphsafe

@@ -1,0 +1,52 @@
+// CudaBackend: slabs from a dedicated cudaMemPool_t (stream-ordered allocator), capture through
+// cudaStreamBeginCapture / cudaStreamGetCaptureInfo, graphs instantiated and launched as usual.
+// The pool is private to the arena so graphsafe's reservations never mix with other allocations.
+#pragma once
+
+#include <graphsafe/backend.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace graphsafe {
+
+struct CudaBackendOptions {
+  int device = -1;                     // -1: the current device
+  std::uint64_t release_threshold = ~0ull;  // pool keeps freed slabs cached (cudaMemPoolAttrReleaseThreshold)
+  std::uint64_t pool_max_bytes = 0;    // 0: no cap; else cudaMemPoolProps::maxSize (tests of OOM)
+};
+
+// Throws cuda_error naming the call and the CUDA error; used by every CUDA call in graphsafe.
+void check_cuda(cudaError_t err, const char* call, const char* file, int line);
+#define GRAPHSAFE_CUDA(call) ::graphsafe::check_cuda((call), #call, __FILE__, __LINE__)
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(CudaBackendOptions o = {});
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  void* allocate_slab(std::uint64_t bytes, Stream s) override;
+  void free_slab(void* p, std::uint64_t bytes, Stream s) override;
+  CaptureInfo capture_info(Stream s) const override;
+  void begin_capture(Stream s, CaptureMode mode) override;
+  GraphHandle end_capture(Stream s) override;
+  void abort_capture(Stream s) noexcept override;
+  void launch(const GraphHandle& g, Stream s) override;
+  void destroy(GraphHandle& g) noexcept override;
+  void order_after(Stream waiter, Stream producer) override;
+  void synchronize(Stream s) override;
+
+  cudaMemPool_t pool() const { return pool_; }
+  int device() const { return device_; }
+
+ private:
+  int device_ = 0;
+  cudaMemPool_t pool_ = nullptr;
+  cudaEvent_t order_event_ = nullptr;
+};
+
+}  // namespace graphsafe

@@ -1,0 +1,83 @@
+// Plan: what a capture reserved. One entry per request made while capturing (workspaces, sized
+// dimensions such as a row offset, and opaque byte requests), with the extent it needed, the policy
+// that sized it, the bytes and offset it got, and where it came from. The plan yields the replay
+// guards: before every replay, required(bindings) <= reserved for each entry.
+#pragma once
+
+#include <graphsafe/bindings.hpp>
+#include <graphsafe/error.hpp>
+#include <graphsafe/extent.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace graphsafe {
+
+struct PlanEntry {
+  enum class Kind : std::uint8_t { workspace, dimension, opaque };
+  Kind kind = Kind::workspace;
+  std::string name;
+  std::string policy;
+  std::optional<Extent> need;      // empty for opaque (size_t) requests
+  std::int64_t needed_at_capture = 0;
+  std::int64_t reserved = 0;       // elements (bytes for opaque requests)
+  std::uint64_t element_bytes = 1;
+  std::uint64_t bytes = 0;         // 0 for dimensions
+  std::uint64_t offset = 0;        // from the start of the family's region
+  bool replay_safe = false;        // policy proved no replay within capacities needs more
+  std::string note;                // policy's reason
+  std::string site;                // file:line (function)
+};
+
+// A finding made at capture time: a request whose size no bound protects.
+struct CaptureFinding {
+  std::string request;
+  std::string site;
+  std::string message;
+};
+
+class Plan {
+ public:
+  const std::vector<PlanEntry>& entries() const { return entries_; }
+  const std::vector<CaptureFinding>& findings() const { return findings_; }
+  const Bindings& captured_bindings() const { return captured_; }
+  std::uint64_t bytes() const { return bytes_; }  // region bytes this plan spans
+
+  // Guards that replays must pass; empty when every entry is replay-safe by construction.
+  std::size_t guard_count() const { return guards_.size(); }
+  // Violations of the guards (and of frozen static symbols) for these bindings; empty = safe.
+  std::vector<GuardViolation> check(const Bindings& b) const;
+  // Throws guard_failure with a message naming request, symbol, value and limit.
+  void enforce(const Bindings& b) const;
+  // Multi-line human report of the plan.
+  std::string report() const;
+
+  // Building (used by the capture session).
+  void set_captured_bindings(const Bindings& b) { captured_ = b; }
+  void add(PlanEntry e);
+  void add_finding(CaptureFinding f) { findings_.push_back(std::move(f)); }
+  void set_bytes(std::uint64_t b) { bytes_ = b; }
+  // Compile guards: entries whose policy proved them replay-safe are discharged (their guard is
+  // implied by the bindings being within capacities); identical extents share one guard holding
+  // the smallest reservation.
+  void finalize();
+  // Symbols whose values a replay must supply (dynamic) or keep (static).
+  const std::vector<Symbol>& symbols() const { return symbols_; }
+
+ private:
+  struct Guard {
+    Extent need;
+    std::int64_t reserved;
+    std::size_t entry;  // index of the entry that reserved the least
+  };
+  std::vector<PlanEntry> entries_;
+  std::vector<CaptureFinding> findings_;
+  std::vector<Guard> guards_;
+  std::vector<Symbol> symbols_;
+  Bindings captured_;
+  std::uint64_t bytes_ = 0;
+};
+
+}  // namespace graphsafe

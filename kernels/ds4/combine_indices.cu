@@ -1,0 +1,111 @@
+// Index construction for the two attention paths (SPEC.md 4.2 step 8 and 5.1). One CTA per request;
+// exact integer twins of ref::combine_paged and ref::combine_gather. Lengths come from DEVICE
+// seq_lens; widths, N and M are launch arguments.
+#include <graphsafe/ds4/kernels.hpp>
+
+#include "cuda_support.cuh"
+
+#include <climits>
+
+namespace graphsafe::ds4::cuda {
+namespace {
+
+using namespace detail;
+
+__global__ void __launch_bounds__(256) combine_paged_kernel(const PagedIndexArgs a) {
+  const int b = blockIdx.x;
+  const int L = max(a.seq_lens[b], 0);
+  const int n_c = a.ratio > 1 ? L / a.ratio : 0;
+  const int topk_len = a.ratio == 4 ? min(n_c, a.topk) : (a.ratio > 1 ? min(n_c, a.cmp_width) : 0);
+  const int swa = min(L, a.window);
+  const int p = L - 1;
+  if (a.cmp_idx != nullptr) {
+    for (int i = threadIdx.x; i < a.cmp_width; i += blockDim.x) {
+      int v = -1;
+      if (i < topk_len) {
+        const int c = a.ratio == 4 ? a.topk_local[static_cast<long long>(b) * a.topk + i] : i;
+        if (c >= 0) {
+          const int blk = a.cmp_block_table[static_cast<long long>(b) * a.cmp_blocks_per_req + c / a.cmp_block_entries];
+          if (blk >= 0) v = blk * a.cmp_block_entries + c % a.cmp_block_entries;
+        }
+      }
+      a.cmp_idx[static_cast<long long>(b) * a.cmp_width + i] = v;
+    }
+    if (threadIdx.x == 0) a.cmp_lens[b] = topk_len;
+  }
+  for (int i = threadIdx.x; i < a.window; i += blockDim.x) {
+    int v = -1;
+    if (i < swa) {
+      const int pos = p - swa + 1 + i;
+      const int blk = a.swa_block_table[static_cast<long long>(b) * a.swa_blocks_per_req + pos / a.swa_block_tokens];
+      if (blk >= 0) v = blk * a.swa_block_tokens + pos % a.swa_block_tokens;
+    }
+    a.swa_idx[static_cast<long long>(b) * a.window + i] = v;
+  }
+  if (threadIdx.x == 0) a.swa_lens[b] = swa;
+}
+
+__global__ void __launch_bounds__(256) combine_gather_kernel(const GatherIndexArgs a) {
+  const int b = blockIdx.x;
+  const int L = max(a.seq_lens[b], 0);
+  const int n_c = a.ratio > 1 ? L / a.ratio : 0;
+  const int topk_len = a.ratio > 1 ? min(n_c, a.topk) : 0;
+  const int swa = min(L, a.window);
+  const long long row0 = static_cast<long long>(b) * a.M;
+  for (int i = threadIdx.x; i < a.width; i += blockDim.x) {
+    long long v = -1;
+    if (i < topk_len) {
+      const int c = a.ratio == 4 ? a.topk_local[static_cast<long long>(b) * a.topk + i] : i;
+      v = row0 + c;
+    } else if (i < topk_len + swa) {
+      v = row0 + a.N + (i - topk_len);
+    }
+    a.idx[static_cast<long long>(b) * a.width + i] = static_cast<std::int32_t>(v);
+  }
+  if (threadIdx.x == 0) a.lens[b] = topk_len + swa;
+}
+
+}  // namespace
+
+void combine_paged(const PagedIndexArgs& a, cudaStream_t stream) {
+  const char* fn = "combine_paged";
+  require_batch(fn, a.batch);
+  require_ratio(fn, a.ratio);
+  if (a.window <= 0) bad_arg(fn, "window", a.window, ">= 1");
+  require_ptr(fn, "seq_lens", a.seq_lens);
+  require_ptr(fn, "swa_block_table", a.swa_block_table);
+  require_ptr(fn, "swa_idx", a.swa_idx);
+  require_ptr(fn, "swa_lens", a.swa_lens);
+  if (a.swa_block_tokens <= 0) bad_arg(fn, "swa_block_tokens", a.swa_block_tokens, ">= 1");
+  if (a.ratio > 1 && a.cmp_idx != nullptr) {
+    require_ptr(fn, "cmp_lens", a.cmp_lens);
+    require_ptr(fn, "cmp_block_table", a.cmp_block_table);
+    if (a.cmp_block_entries <= 0) bad_arg(fn, "cmp_block_entries", a.cmp_block_entries, "256 / ratio");
+    if (a.ratio == 4) {
+      require_ptr(fn, "topk_local", a.topk_local);
+      if (a.cmp_width < a.topk) bad_arg(fn, "cmp_width", a.cmp_width, ">= topk for C4");
+    }
+  }
+  PagedIndexArgs k = a;
+  if (a.ratio == 1) k.cmp_idx = nullptr;
+  combine_paged_kernel<<<a.batch, 256, 0, stream>>>(k);
+  check_launch(fn);
+}
+
+void combine_gather(const GatherIndexArgs& a, cudaStream_t stream) {
+  const char* fn = "combine_gather";
+  require_batch(fn, a.batch);
+  require_ratio(fn, a.ratio);
+  require_ptr(fn, "seq_lens", a.seq_lens);
+  require_ptr(fn, "idx", a.idx);
+  require_ptr(fn, "lens", a.lens);
+  if (a.ratio == 4) require_ptr(fn, "topk_local", a.topk_local);
+  if (a.width <= 0) bad_arg(fn, "width", a.width, ">= 1");
+  if (a.N < 0 || a.M < a.N) bad_arg(fn, "M - N", a.M - a.N, ">= 0 with N >= 0");
+  if (static_cast<long long>(a.batch) * a.M > INT_MAX)
+    bad_arg(fn, "B*M", static_cast<long long>(a.batch) * a.M, "<= 2^31-1 (int32 indices)");
+  combine_gather_kernel<<<a.batch, 256, 0, stream>>>(a);
+  check_launch(fn);
+}
+
+}  // namespace graphsafe::ds4::cuda

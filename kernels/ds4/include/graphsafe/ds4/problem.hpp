@@ -1,0 +1,83 @@
+// A host-side DS4 decode problem for one attention layer: configuration, paged fp8 caches, block
+// tables, lengths, indexer picks, queries and sinks. Shared by the CPU reference, the CUDA kernels'
+// tests, the benchmarks and the demo. Everything is plain host memory; the CUDA side uploads it.
+#pragma once
+
+#include <graphsafe/ds4/layout.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace graphsafe::ds4 {
+
+// One layer type. ratio: 1 = C1 (SWA only), 4 = C4 (overlapping gated pooling + indexer top-k),
+// 128 = C128 (all compressed rows). SPEC.md sections 1-2.
+struct LayerConfig {
+  int ratio = 4;
+  int window = kDefaultWindow;          // W
+  int topk = 512;                       // K: C4 indexer picks (ignored for C1/C128)
+  int heads = 64;                       // H (padded heads: 64 or 128 on GPU; any on CPU)
+  int max_model_len = 65536;            // capacity of seq_len
+  int swa_block_tokens = kSwaBlockTokens;
+  // compressed cache block: 256 tokens -> 256/ratio entries (C4: 64, C128: 2)
+  int compressed_block_entries() const { return ratio > 1 ? kCompressedBlockSpan / ratio : 0; }
+  // capacity of visible compressed rows: ceil(max_model_len / r), 0 for C1
+  int compressed_capacity() const { return ratio > 1 ? (max_model_len + ratio - 1) / ratio : 0; }
+  // static width of the compressed part of a combined index row: C4 K, C128 round_up(cap,128), C1 0
+  int compressed_width() const;
+  // combined index row width: round_up(compressed_width + W, 128) (SPEC.md 4.4)
+  int combined_width() const;
+};
+
+// seq_len L includes the current token (p = L - 1). n_c = L / r compressed rows visible.
+inline int visible_compressed(int seq_len, int ratio) { return ratio > 1 ? seq_len / ratio : 0; }
+inline int swa_len(int seq_len, int window) { return seq_len < window ? seq_len : window; }
+
+struct DecodeProblem {
+  LayerConfig cfg;
+  int batch = 0;                            // B requests, one query token each
+  std::vector<int32_t> seq_lens;            // [B], 0 = invalid/padded token (zero output)
+  int fill_to = 0;                          // tokens per request whose cache rows exist (grow() limit)
+  // SWA cache: every token of every request (full history kept for simplicity, SPEC.md 7.2).
+  std::vector<uint8_t> swa_cache;           // num_blocks * block_stride_bytes(swa_block_tokens)
+  int swa_num_blocks = 0;
+  int swa_blocks_per_req = 0;               // ceil(max_model_len / swa_block_tokens)
+  std::vector<int32_t> swa_block_table;     // [B, swa_blocks_per_req] physical block ids
+  // Compressed cache (C4/C128): entry j of request b lives at slot
+  //   cmp_block_table[b, j / E] * E + j % E, E = compressed_block_entries().
+  std::vector<uint8_t> cmp_cache;
+  int cmp_num_blocks = 0;
+  int cmp_blocks_per_req = 0;               // ceil(compressed_capacity / E)
+  std::vector<int32_t> cmp_block_table;     // [B, cmp_blocks_per_req]
+  std::vector<int32_t> topk_local;          // C4: [B, topk] local compressed ids, valid first, -1 pad
+  std::vector<uint16_t> q;                  // [B, H, 512] bf16 bits (normed + roped)
+  std::vector<float> sink;                  // [H] fp32, -inf = no sink
+
+  PagedCache swa_view() { return {swa_cache.data(), cfg.swa_block_tokens, swa_num_blocks,
+                                  block_stride_bytes(cfg.swa_block_tokens)}; }
+  PagedCache cmp_view() { return {cmp_cache.data(), cfg.compressed_block_entries(), cmp_num_blocks,
+                                  block_stride_bytes(cfg.compressed_block_entries())}; }
+};
+
+// Deterministic random problem: SWA and compressed rows are random vectors quantized through the
+// reference quantizer for every token (and compressed entry) of each request up to `fill_to` tokens
+// (0 = max(seq_lens)); block tables are shuffled; C4 picks = the last min(n_c, 8) ids when
+// `picks == Picks::last8` (the upstream regression) or random distinct valid ids otherwise.
+// Details (reference/problem.cpp): only the blocks needed for fill_to tokens are allocated, block
+// table entries past them are -1; Picks::last8 = the last min(n_c, K) ids ascending (K = 8 in the
+// fork's test, so it equals "last min(n_c, 8)"; with K != 8 the first min(n_c, K) entries must still
+// be valid, SPEC.md 2.3); Picks::random = [0..n_c-1] when n_c <= K (vLLM's short-context path), else
+// K distinct random ids in random order. Picks depend only on (cfg, seq_lens, seed), so
+// grow(p, lens, seed) reproduces make_problem(cfg, lens, seed)'s picks. Values ~N(0,1) come from a
+// 65536-entry quantile table driven by std::mt19937_64 (one stream per request), so the problem is
+// bit-identical across platforms and standard libraries.
+enum class Picks { last8, random };
+DecodeProblem make_problem(const LayerConfig& cfg, const std::vector<int32_t>& seq_lens,
+                           std::uint64_t seed, Picks picks = Picks::random, int fill_to = 0);
+
+// New lengths for an existing problem (each must be <= the fill_to it was built with; throws
+// std::invalid_argument naming the value and the limit otherwise); recomputes the C4 picks.
+void grow(DecodeProblem& p, const std::vector<int32_t>& new_seq_lens, std::uint64_t seed,
+          Picks picks = Picks::random);
+
+}  // namespace graphsafe::ds4

@@ -1,0 +1,413 @@
+#include "arena_core.hpp"
+
+#include <graphsafe/error.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+
+namespace graphsafe {
+namespace detail {
+
+std::string site_of(const std::source_location& loc) {
+  std::string f = loc.file_name();
+  if (auto slash = f.find_last_of('/'); slash != std::string::npos) f = f.substr(slash + 1);
+  std::string fn = loc.function_name();
+  if (fn.size() > 60) fn = fn.substr(0, 57) + "...";
+  return f + ":" + std::to_string(loc.line()) + " (" + fn + ")";
+}
+
+std::uint64_t checked_bytes(std::int64_t count, std::uint64_t element_bytes, std::string_view name) {
+  if (count < 0)
+    throw invalid_argument_error("graphsafe: request '" + std::string(name) + "' sized to " + std::to_string(count) +
+                                 " elements; counts must be >= 0");
+  if (element_bytes == 0)
+    throw invalid_argument_error("graphsafe: request '" + std::string(name) + "' has element size 0; pass sizeof(T)");
+  std::uint64_t bytes;
+  if (__builtin_mul_overflow(static_cast<std::uint64_t>(count), element_bytes, &bytes) || bytes > (1ull << 62))
+    throw overflow_error("graphsafe: request '" + std::string(name) + "' needs " + std::to_string(count) + " x " +
+                         std::to_string(element_bytes) + " bytes, which overflows 64-bit byte counts; check the extent");
+  return bytes;
+}
+
+ArenaCore::~ArenaCore() {
+  // Slabs go back to the backend. Graphs and sessions hold the core alive, so none remain here;
+  // eager workspaces must not outlive their arena (documented on Workspace).
+  std::vector<std::pair<std::uintptr_t, std::uint64_t>> slabs;
+  fl.for_each_block([&](const Slab& s, const Block& b) {
+    if (&b == &s.blocks.front()) slabs.emplace_back(s.addr, s.size);
+  });
+  for (auto [addr, size] : slabs) {
+    try {
+      backend.free_slab(reinterpret_cast<void*>(addr), size, Stream(static_cast<cudaStream_t>(nullptr)));
+    } catch (...) {
+    }
+  }
+}
+
+SessionState* ArenaCore::session_for(Stream s) {
+  if (active_sessions.load(std::memory_order_acquire) == 0 && !opts.always_check_capture) return nullptr;
+  const CaptureInfo ci = backend.capture_info(s);
+  if (!ci.active) {
+    if (ci.invalidated)
+      throw capture_state_error("graphsafe: the capture on this stream has been invalidated by an earlier illegal call; "
+                                "end it and capture again (the first CUDA error of the capture names the call)");
+    return nullptr;
+  }
+  std::lock_guard g(lock);
+  for (SessionState* st : sessions)
+    if (st->capture_id == ci.id) return st;
+  throw capture_state_error("graphsafe: workspace requested on a stream that is capturing (capture id " +
+                            std::to_string(ci.id) +
+                            ") outside graphsafe; start the capture with graphsafe::capture or CaptureSession so "
+                            "the request is sized by its policy, recorded in the plan and kept alive for the graph");
+}
+
+Workspace ArenaCore::make_workspace(Block* b, void* ptr, std::uint64_t bytes, std::int64_t count, Stream s,
+                                    bool captured) {
+  Workspace w;
+  w.core_ = this;
+  w.block_ = b;
+  w.ptr_ = ptr;
+  w.bytes_ = bytes;
+  w.count_ = count;
+  w.stream_ = s.handle();
+  w.captured_ = captured;
+  return w;
+}
+
+Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s) {
+  Block* b;
+  {
+    std::lock_guard g(lock);
+    b = fl.take_best_fit(bytes);
+    if (b) {
+      eager_bytes += b->size;
+      ++eager_blocks;
+    }
+  }
+  if (!b) {
+    if (!opts.grow_on_demand)
+      throw out_of_memory_error("graphsafe: arena has no free block of " + std::to_string(bytes) +
+                                " bytes (largest free " + std::to_string(fl.largest_free()) +
+                                ") and grow_on_demand is off; reserve more with arena.reserve(bytes, stream)");
+    const std::uint64_t slab = align_up(std::max(bytes, opts.growth_bytes), 2ull << 20);
+    void* p = backend.allocate_slab(slab, s);  // throws out_of_memory_error naming the size
+    std::lock_guard g(lock);
+    fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, s.handle());
+    b = fl.take_best_fit(bytes);
+    eager_bytes += b->size;
+    ++eager_blocks;
+  }
+  // A block released on another stream may still be in use there: order this stream after it.
+  if (b->stream && b->stream != s.handle()) backend.order_after(s, Stream(static_cast<cudaStream_t>(b->stream)));
+  b->stream = s.handle();
+  return b;
+}
+
+std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
+                                          std::string_view name) {
+  std::lock_guard g(lock);
+  const std::uint64_t offset = align_up(st.bump, std::max<std::uint64_t>(alignment, kAlignment));
+  if (offset + bytes > st.limit)
+    throw out_of_memory_error("graphsafe: capture of family '" + st.family->name + "' needs " +
+                              std::to_string(offset + bytes) + " bytes for request '" + std::string(name) +
+                              "' but only " + std::to_string(st.limit) +
+                              " are free in one range (requests during capture never grow the arena); call "
+                              "arena.reserve(" + std::to_string(offset + bytes) + ", stream) before capturing");
+  st.bump = offset + bytes;
+  return offset;
+}
+
+void ArenaCore::record(SessionState& st, PlanEntry e, const SizingDecision& d, const Extent* need, const Bindings& b) {
+  e.replay_safe = d.replay_safe;
+  e.note = d.note;
+  if (need) {
+    e.need = *need;
+    e.needed_at_capture = need->evaluate(b);
+  }
+  if (!d.replay_safe && need) {
+    std::string syms;
+    for (Symbol s : need->dynamic_symbols()) syms += (syms.empty() ? "" : ", ") + b.describe(s);
+    std::string msg = "size of '" + e.name + "' depends on " + syms + " through " + need->to_string() + " and policy " +
+                      e.policy + " gives no bound for later replays (" + d.note +
+                      "); a replay that needs more will be refused by its guard. Fix: size it with capacity_bound "
+                      "(declare capacities) or static_query_bound";
+    if (opts.refuse_unsafe_capture) throw policy_refusal("graphsafe: capture refused: " + msg);
+    st.plan.add_finding({e.name, e.site, std::move(msg)});
+  }
+  st.plan.add(std::move(e));
+}
+
+Workspace ArenaCore::request(Stream s, std::string_view name, const Extent& need, std::uint64_t element_bytes,
+                             const SizingPolicy& policy, const Bindings& b, const std::source_location& loc) {
+  SessionState* st = session_for(s);
+  const SizingDecision d = policy.size(name, need, b, st != nullptr);
+  const std::uint64_t bytes = checked_bytes(d.count, element_bytes, name);
+  if (!st) {
+    if (bytes == 0) return make_workspace(nullptr, nullptr, 0, d.count, s, false);
+    Block* blk = take_eager(align_up(bytes, kAlignment), s);
+    return make_workspace(blk, reinterpret_cast<void*>(blk->addr), bytes, d.count, s, false);
+  }
+  const std::uint64_t offset = place_in_capture(*st, bytes, kAlignment, name);
+  PlanEntry e;
+  e.kind = PlanEntry::Kind::workspace;
+  e.name = std::string(name);
+  e.policy = std::string(policy.name());
+  e.reserved = d.count;
+  e.element_bytes = element_bytes;
+  e.bytes = bytes;
+  e.offset = offset;
+  e.site = site_of(loc);
+  record(*st, std::move(e), d, &need, b);
+  return make_workspace(nullptr, reinterpret_cast<void*>(st->base + offset), bytes, d.count, s, true);
+}
+
+std::int64_t ArenaCore::dimension(Stream s, std::string_view name, const Extent& need, const SizingPolicy& policy,
+                                  const Bindings& b, const std::source_location& loc) {
+  SessionState* st = session_for(s);
+  const SizingDecision d = policy.size(name, need, b, st != nullptr);
+  if (st) {
+    PlanEntry e;
+    e.kind = PlanEntry::Kind::dimension;
+    e.name = std::string(name);
+    e.policy = std::string(policy.name());
+    e.reserved = d.count;
+    e.site = site_of(loc);
+    record(*st, std::move(e), d, &need, b);
+  }
+  return d.count;
+}
+
+void* ArenaCore::allocate(Stream s, std::uint64_t bytes, std::uint64_t alignment, const std::source_location& loc) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > kAlignment)
+    throw invalid_argument_error("graphsafe: alignment " + std::to_string(alignment) +
+                                 " is not a power of two <= 256; graphsafe serves 256-byte aligned blocks (as "
+                                 "cudaMalloc does) -- over-allocate and align inside the block for more");
+  if (bytes > (1ull << 62))
+    throw overflow_error("graphsafe: allocate(" + std::to_string(bytes) + " bytes) is larger than any device; check the size");
+  SessionState* st = session_for(s);
+  if (st) {
+    const std::uint64_t offset = place_in_capture(*st, std::max<std::uint64_t>(bytes, 1), alignment, "<opaque>");
+    PlanEntry e;
+    e.kind = PlanEntry::Kind::opaque;
+    e.name = "<opaque " + std::to_string(bytes) + " B>";
+    e.policy = "opaque";
+    e.reserved = static_cast<std::int64_t>(bytes);
+    e.bytes = bytes;
+    e.offset = offset;
+    e.replay_safe = true;  // nothing to check: no extent says what it depends on
+    e.note = "size_t request: graphsafe cannot tell what this size depends on";
+    e.site = site_of(loc);
+    st->plan.add(std::move(e));
+    return reinterpret_cast<void*>(st->base + offset);
+  }
+  Block* blk = take_eager(align_up(std::max<std::uint64_t>(bytes, 1), kAlignment), s);
+  std::lock_guard g(lock);
+  fl.index_used(blk);
+  return reinterpret_cast<void*>(blk->addr);
+}
+
+void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
+  if (!p) return;
+  const auto addr = reinterpret_cast<std::uintptr_t>(p);
+  {
+    std::lock_guard g(lock);
+    for (SessionState* st : sessions)
+      if (addr >= st->base && addr < st->base + st->limit) return;  // owned by the capture's graph
+  }
+  std::lock_guard g(lock);
+  Block* b = fl.find_used(addr);
+  if (!b) {
+    // Could be a block of a live graph's region (freed after capture): also not ours to free.
+    throw invalid_argument_error("graphsafe: deallocate(" + std::to_string(addr) + ", " + std::to_string(bytes) +
+                                 " bytes): pointer was not served by this arena's allocate() or was already "
+                                 "released (double release?); nothing was changed");
+  }
+  if (bytes > b->size)
+    throw invalid_argument_error("graphsafe: deallocate of " + std::to_string(bytes) + " bytes but the block at " +
+                                 std::to_string(addr) + " holds " + std::to_string(b->size) +
+                                 "; pass the size given to allocate()");
+  fl.unindex_used(b);
+  eager_bytes -= b->size;
+  --eager_blocks;
+  fl.give_back(b, s.handle());
+}
+
+void ArenaCore::release(Workspace& w) noexcept {
+  if (w.captured_ || !w.block_) return;
+  auto* b = static_cast<Block*>(w.block_);
+  std::lock_guard g(lock);
+  eager_bytes -= b->size;
+  --eager_blocks;
+  fl.give_back(b, w.stream_);
+}
+
+void ArenaCore::reserve(std::uint64_t bytes, Stream s) {
+  if (backend.capture_info(s).active)
+    throw capture_state_error("graphsafe: reserve(" + std::to_string(bytes) +
+                              ") on a capturing stream; reserve before the capture starts (growth during capture "
+                              "would not be part of the graph)");
+  {
+    std::lock_guard g(lock);
+    if (fl.largest_free() >= bytes) return;
+  }
+  const std::uint64_t slab = align_up(std::max<std::uint64_t>(bytes, kAlignment), 2ull << 20);
+  void* p = backend.allocate_slab(slab, s);
+  std::lock_guard g(lock);
+  fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, s.handle());
+}
+
+void ArenaCore::trim(Stream s) {
+  if (backend.capture_info(s).active)
+    throw capture_state_error("graphsafe: trim() on a capturing stream; trim outside capture");
+  backend.synchronize(s);
+  std::vector<std::pair<std::uintptr_t, std::uint64_t>> slabs;
+  {
+    std::lock_guard g(lock);
+    fl.mark_all_ready();
+    slabs = fl.remove_free_slabs();
+  }
+  for (auto [addr, size] : slabs) backend.free_slab(reinterpret_cast<void*>(addr), size, s);
+}
+
+void ArenaCore::begin_session(SessionState& st) {
+  std::lock_guard g(lock);
+  Family& f = *st.family;
+  if (f.capturing)
+    throw capture_state_error("graphsafe: family '" + f.name +
+                              "' is already capturing a graph; capture the graphs of one family one after another");
+  if (f.region) {
+    st.base = f.region->addr;
+    st.limit = f.region->size;
+    if (Block* n = fl.next_in_slab(f.region); n && n->state == BlockState::free) {
+      fl.take(n);
+      st.next_held = n;
+      st.limit += n->size;
+    }
+  } else {
+    Block* b = fl.take_largest();
+    if (!b)
+      throw out_of_memory_error("graphsafe: the arena holds no free memory to capture into; call "
+                                "arena.reserve(bytes, stream) before capturing (size it with a warm-up pass)");
+    st.provisional = b;
+    st.base = b->addr;
+    st.limit = b->size;
+  }
+  f.capturing = true;
+}
+
+void ArenaCore::end_session(SessionState& st, bool success) {
+  std::lock_guard g(lock);
+  Family& f = *st.family;
+  f.capturing = false;
+  const std::uint64_t used = align_up(st.bump, kAlignment);
+  if (!success) {
+    if (st.provisional) fl.give_back(st.provisional, st.stream.handle());
+    if (st.next_held) fl.give_back(st.next_held, st.stream.handle());
+    st.provisional = st.next_held = nullptr;
+    return;
+  }
+  if (st.provisional) {
+    if (used == 0) {
+      fl.give_back(st.provisional, st.stream.handle());
+    } else {
+      fl.trim_tail(st.provisional, used);
+      st.provisional->state = BlockState::region;
+      f.region = st.provisional;
+      region_bytes += used;
+      ++families_with_region;
+    }
+  } else {
+    const std::uint64_t have = f.region->size;
+    if (st.next_held) fl.give_back(st.next_held, st.stream.handle());
+    if (used > have) {
+      fl.extend(f.region, used - have);  // the range was held during capture, so it is still free
+      region_bytes += used - have;
+    }
+  }
+  st.provisional = st.next_held = nullptr;
+  f.largest_plan = std::max(f.largest_plan, used);
+  f.sum_plans += used;
+}
+
+void ArenaCore::graph_destroyed(Family& f, void* stream) noexcept {
+  std::lock_guard g(lock);
+  --live_graphs;
+  if (--f.graphs == 0 && !f.capturing && f.region) {
+    region_bytes -= f.region->size;
+    --families_with_region;
+    f.region->state = BlockState::used;
+    fl.give_back(f.region, f.last_stream ? f.last_stream : stream);
+    f.region = nullptr;
+  }
+}
+
+}  // namespace detail
+
+// ---- Workspace ---------------------------------------------------------------------------------
+
+void Workspace::reset() noexcept {
+  if (core_) core_->release(*this);
+  core_ = nullptr;
+  block_ = ptr_ = stream_ = nullptr;
+  bytes_ = 0;
+  count_ = 0;
+  captured_ = false;
+}
+
+// ---- CaptureFamily -----------------------------------------------------------------------------
+
+const std::string& CaptureFamily::name() const { return f_->name; }
+std::uint64_t CaptureFamily::region_bytes() const { return f_->region ? f_->region->size : 0; }
+std::uint64_t CaptureFamily::graphs() const { return f_->graphs; }
+std::uint64_t CaptureFamily::largest_plan_bytes() const { return f_->largest_plan; }
+std::uint64_t CaptureFamily::sum_of_plan_bytes() const { return f_->sum_plans; }
+
+// ---- Arena -------------------------------------------------------------------------------------
+
+Arena::Arena(Backend& backend, ArenaOptions opts) : core_(std::make_shared<detail::ArenaCore>(backend, opts)) {}
+Arena::~Arena() = default;
+
+void Arena::reserve(std::uint64_t bytes, Stream s) { core_->reserve(bytes, s); }
+Workspace Arena::request(Stream s, std::string_view name, const Extent& need, std::uint64_t element_bytes,
+                         const SizingPolicy& policy, const Bindings& b, std::source_location loc) {
+  return core_->request(s, name, need, element_bytes, policy, b, loc);
+}
+std::int64_t Arena::dimension(Stream s, std::string_view name, const Extent& need, const SizingPolicy& policy,
+                              const Bindings& b, std::source_location loc) {
+  return core_->dimension(s, name, need, policy, b, loc);
+}
+void* Arena::allocate(Stream s, std::uint64_t bytes, std::uint64_t alignment, std::source_location loc) {
+  return core_->allocate(s, bytes, alignment, loc);
+}
+void Arena::deallocate(Stream s, void* p, std::uint64_t bytes) { core_->deallocate(s, p, bytes); }
+
+CaptureFamily Arena::family(std::string name) {
+  auto f = std::make_shared<detail::Family>();
+  f->name = std::move(name);
+  return CaptureFamily(std::move(f));
+}
+
+void Arena::trim(Stream s) { core_->trim(s); }
+
+ArenaStats Arena::stats() const {
+  std::lock_guard g(core_->lock);
+  ArenaStats st;
+  st.slab_bytes = core_->fl.slab_bytes();
+  st.slabs = core_->fl.slabs();
+  st.free_bytes = core_->fl.free_bytes();
+  st.largest_free = core_->fl.largest_free();
+  st.eager_bytes = core_->eager_bytes;
+  st.eager_blocks = core_->eager_blocks;
+  st.region_bytes = core_->region_bytes;
+  st.families = core_->families_with_region;
+  st.live_graphs = core_->live_graphs;
+  st.active_captures = static_cast<std::uint64_t>(core_->active_sessions.load());
+  return st;
+}
+
+Backend& Arena::backend() const { return core_->backend; }
+const ArenaOptions& Arena::options() const { return core_->opts; }
+
+}  // namespace graphsafe

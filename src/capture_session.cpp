@@ -1,0 +1,134 @@
+#include "arena_core.hpp"
+
+#include <graphsafe/error.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+
+namespace graphsafe {
+namespace detail {
+
+namespace {
+void unregister(SessionState& st) {
+  if (!st.registered) return;
+  ArenaCore& core = *st.core;
+  {
+    std::lock_guard g(core.lock);
+    core.sessions.erase(std::remove(core.sessions.begin(), core.sessions.end(), &st), core.sessions.end());
+  }
+  core.active_sessions.fetch_sub(1, std::memory_order_acq_rel);
+  st.registered = false;
+}
+}  // namespace
+
+void start_session(SessionState& st, const Bindings& b) {
+  ArenaCore& core = *st.core;
+  if (core.backend.capture_info(st.stream).active)
+    throw capture_state_error("graphsafe: this stream is already capturing; a capture cannot start inside another "
+                              "(end the outer capture first, or capture on another stream)");
+  st.plan.set_captured_bindings(b);
+  core.begin_session(st);  // takes the region to capture into; throws if there is none
+  // The region's memory may have been used eagerly on another stream: order the capture stream
+  // after it now, in eager order, so every later replay on this stream follows that work.
+  auto order = [&](Block* blk) {
+    if (blk && blk->stream && blk->stream != st.stream.handle())
+      core.backend.order_after(st.stream, Stream(static_cast<cudaStream_t>(blk->stream)));
+  };
+  try {
+    order(st.provisional);
+    order(st.next_held);
+    if (st.family->last_stream && st.family->last_stream != st.stream.handle())
+      core.backend.order_after(st.stream, Stream(static_cast<cudaStream_t>(st.family->last_stream)));
+    // Route requests to this session before the capture starts (as PyTorch does): matched by the
+    // capture id, which the backend assigns at begin.
+    {
+      std::lock_guard g(core.lock);
+      core.sessions.push_back(&st);
+    }
+    core.active_sessions.fetch_add(1, std::memory_order_acq_rel);
+    st.registered = true;
+    core.backend.begin_capture(st.stream, st.opts.mode);
+    st.begun = true;
+    const CaptureInfo ci = core.backend.capture_info(st.stream);
+    std::lock_guard g(core.lock);
+    st.capture_id = ci.id;
+  } catch (...) {
+    unregister(st);
+    core.end_session(st, false);
+    throw;
+  }
+}
+
+void abandon_session(SessionState& st) noexcept {
+  if (st.done) return;
+  st.done = true;
+  if (st.begun) st.core->backend.abort_capture(st.stream);
+  unregister(st);
+  st.core->end_session(st, false);
+}
+
+std::unique_ptr<GraphState> finish_session(SessionState& st) {
+  if (st.done) throw capture_state_error("graphsafe: CaptureSession::finish() called twice; a session makes one graph");
+  ArenaCore& core = *st.core;
+  GraphHandle h;
+  try {
+    h = core.backend.end_capture(st.stream);
+  } catch (...) {
+    abandon_session(st);
+    throw;
+  }
+  st.done = true;
+  unregister(st);
+  st.plan.set_bytes(align_up(st.bump, kAlignment));
+  core.end_session(st, true);
+  st.plan.finalize();
+  if (core.opts.report_findings && !st.plan.findings().empty()) {
+    std::fprintf(stderr, "graphsafe: capture of family '%s' has %zu finding(s):\n", st.family->name.c_str(),
+                 st.plan.findings().size());
+    for (const auto& f : st.plan.findings())
+      std::fprintf(stderr, "  [%s] %s: %s\n", f.request.c_str(), f.site.c_str(), f.message.c_str());
+  }
+  auto g = std::make_unique<GraphState>();
+  g->core = st.core;
+  g->family = st.family;
+  g->handle = h;
+  g->plan = std::move(st.plan);
+  g->stream = st.stream;
+  g->opts = st.opts;
+  {
+    std::lock_guard lk(core.lock);
+    ++st.family->graphs;
+    ++core.live_graphs;
+    st.family->last_stream = st.stream.handle();
+  }
+  return g;
+}
+
+std::shared_ptr<Family> family_of(const CaptureOptions& o) {
+  if (o.family) return o.family->impl();
+  auto f = std::make_shared<Family>();
+  f->name = "graph";
+  return f;
+}
+
+}  // namespace detail
+
+CaptureSession::CaptureSession(Arena& arena, Stream s, const Bindings& b, CaptureOptions opts)
+    : state_(std::make_unique<detail::SessionState>()) {
+  state_->core = arena.core().shared_from_this();
+  state_->stream = s;
+  state_->family = detail::family_of(opts);
+  state_->opts = std::move(opts);
+  detail::start_session(*state_, b);
+}
+
+CaptureSession::~CaptureSession() {
+  if (state_) detail::abandon_session(*state_);
+}
+
+CapturedGraph CaptureSession::finish() { return CapturedGraph(detail::finish_session(*state_)); }
+
+const Plan& CaptureSession::plan() const { return state_->plan; }
+
+}  // namespace graphsafe

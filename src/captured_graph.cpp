@@ -1,0 +1,114 @@
+#include "arena_core.hpp"
+
+#include <graphsafe/error.hpp>
+
+#include <mutex>
+
+namespace graphsafe {
+namespace detail {
+void start_session(SessionState& st, const Bindings& b);
+void abandon_session(SessionState& st) noexcept;
+std::unique_ptr<GraphState> finish_session(SessionState& st);
+
+namespace {
+void destroy_graph(GraphState& g) noexcept {
+  if (!g.handle.exec && !g.handle.graph) return;
+  ArenaCore& core = *g.core;
+  // Replays may still be in flight; the exec and the region must outlive them.
+  if (g.family->last_stream) {
+    try {
+      core.backend.synchronize(Stream(static_cast<cudaStream_t>(g.family->last_stream)));
+    } catch (...) {
+    }
+  }
+  core.backend.destroy(g.handle);
+  g.handle = {};
+  core.graph_destroyed(*g.family, g.stream.handle());
+}
+}  // namespace
+}  // namespace detail
+
+CapturedGraph::CapturedGraph(std::unique_ptr<detail::GraphState> s) : state_(std::move(s)) {}
+CapturedGraph::CapturedGraph(CapturedGraph&&) noexcept = default;
+CapturedGraph& CapturedGraph::operator=(CapturedGraph&& o) noexcept {
+  if (this != &o) {
+    if (state_) detail::destroy_graph(*state_);
+    state_ = std::move(o.state_);
+  }
+  return *this;
+}
+CapturedGraph::~CapturedGraph() {
+  if (state_) detail::destroy_graph(*state_);
+}
+
+void CapturedGraph::set_recapture(std::function<void(const Bindings&)> fn, Stream s) {
+  state_->fn = std::move(fn);
+  state_->stream = s;
+}
+
+namespace {
+detail::GraphState& live(const std::unique_ptr<detail::GraphState>& s) {
+  if (!s || (!s->handle.exec && !s->handle.graph))
+    throw capture_state_error("graphsafe: replay of a graph that was moved from or destroyed (a failed re-capture "
+                              "destroys the old graph); capture it again");
+  return *s;
+}
+}  // namespace
+
+void CapturedGraph::replay(const Bindings& b, Stream s) {
+  detail::GraphState& g = live(state_);
+  detail::ArenaCore& core = *g.core;
+  if (core.active_sessions.load(std::memory_order_acquire) > 0 && core.backend.capture_info(s).active)
+    throw capture_state_error("graphsafe: replay() on a stream that is capturing; replay after the capture ends "
+                              "(to nest graphs, capture the work itself)");
+  if (auto v = g.plan.check(b); !v.empty()) {
+    std::optional<Bindings> bucket;
+    if (g.opts.recapture && g.fn) bucket = g.opts.recapture(b);
+    if (!bucket) g.plan.enforce(b);  // throws guard_failure naming request, symbol, value and limit
+    // Re-capture at the caller's bucket: the old graph goes first so its region can be reused.
+    auto fn = std::move(g.fn);
+    auto opts = g.opts;
+    const auto recaptures = g.recaptures;
+    detail::destroy_graph(g);
+    detail::SessionState st;
+    st.core = g.core;
+    st.stream = s;
+    st.family = g.family;
+    st.opts = opts;
+    detail::start_session(st, *bucket);
+    try {
+      fn(*bucket);
+    } catch (...) {
+      detail::abandon_session(st);
+      throw;
+    }
+    state_ = detail::finish_session(st);
+    state_->fn = std::move(fn);
+    state_->recaptures = recaptures + 1;
+    state_->plan.enforce(b);  // the bucket must cover the bindings that asked for it
+  }
+  detail::GraphState& cur = *state_;
+  // Graphs of one family share a region: a replay on another stream waits for the last one.
+  void* last;
+  {
+    std::lock_guard lk(core.lock);
+    last = cur.family->last_stream;
+    cur.family->last_stream = s.handle();
+  }
+  if (last && last != s.handle()) core.backend.order_after(s, Stream(static_cast<cudaStream_t>(last)));
+  core.backend.launch(cur.handle, s);
+}
+
+void CapturedGraph::replay_unguarded_for_testing(Stream s) {
+  detail::GraphState& g = live(state_);
+  g.family->last_stream = s.handle();
+  g.core->backend.launch(g.handle, s);
+}
+
+const Plan& CapturedGraph::plan() const { return live(state_).plan; }
+std::uint64_t CapturedGraph::reserved_bytes() const { return live(state_).plan.bytes(); }
+std::uint64_t CapturedGraph::recaptures() const { return live(state_).recaptures; }
+CaptureFamily CapturedGraph::family() const { return CaptureFamily(live(state_).family); }
+const GraphHandle& CapturedGraph::handle() const { return live(state_).handle; }
+
+}  // namespace graphsafe

@@ -1,0 +1,114 @@
+#include <graphsafe/cuda_backend.hpp>
+#include <graphsafe/error.hpp>
+
+#include <mutex>
+
+namespace graphsafe {
+
+void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
+  if (err == cudaSuccess) return;
+  std::string f = file;
+  if (auto slash = f.find_last_of('/'); slash != std::string::npos) f = f.substr(slash + 1);
+  const std::string msg = std::string("graphsafe: CUDA call failed: ") + call + " -> " + cudaGetErrorName(err) + " (" +
+                          cudaGetErrorString(err) + ") at " + f + ":" + std::to_string(line);
+  if (err == cudaErrorMemoryAllocation) throw out_of_memory_error(msg);
+  throw cuda_error(msg, static_cast<int>(err));
+}
+
+namespace {
+std::mutex order_mutex;  // one event is reused for record+wait pairs
+}
+
+CudaBackend::CudaBackend(CudaBackendOptions o) {
+  if (o.device < 0)
+    GRAPHSAFE_CUDA(cudaGetDevice(&device_));
+  else
+    device_ = o.device;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device_;
+  props.maxSize = o.pool_max_bytes;
+  GRAPHSAFE_CUDA(cudaMemPoolCreate(&pool_, &props));
+  std::uint64_t threshold = o.release_threshold;
+  GRAPHSAFE_CUDA(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+  GRAPHSAFE_CUDA(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
+}
+
+CudaBackend::~CudaBackend() {
+  if (order_event_) cudaEventDestroy(order_event_);
+  if (pool_) {
+    cudaDeviceSynchronize();
+    cudaMemPoolDestroy(pool_);
+  }
+}
+
+void* CudaBackend::allocate_slab(std::uint64_t bytes, Stream s) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, pool_, s.cuda());
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    throw out_of_memory_error("graphsafe: the CUDA pool could not provide a slab of " + std::to_string(bytes) +
+                              " bytes (cudaErrorMemoryAllocation); reserve less, free graphs, or raise the pool cap");
+  }
+  GRAPHSAFE_CUDA(err);
+  return p;
+}
+
+void CudaBackend::free_slab(void* p, std::uint64_t, Stream s) { GRAPHSAFE_CUDA(cudaFreeAsync(p, s.cuda())); }
+
+CaptureInfo CudaBackend::capture_info(Stream s) const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  GRAPHSAFE_CUDA(cudaStreamGetCaptureInfo(s.cuda(), &status, &id));
+  return {status == cudaStreamCaptureStatusActive, id, status == cudaStreamCaptureStatusInvalidated};
+}
+
+void CudaBackend::begin_capture(Stream s, CaptureMode mode) {
+  if (!s.cuda())
+    throw invalid_argument_error("graphsafe: cannot capture the legacy default stream (stream 0); create a stream "
+                                 "with cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)");
+  const cudaStreamCaptureMode m = mode == CaptureMode::global           ? cudaStreamCaptureModeGlobal
+                                  : mode == CaptureMode::thread_local_mode ? cudaStreamCaptureModeThreadLocal
+                                                                           : cudaStreamCaptureModeRelaxed;
+  GRAPHSAFE_CUDA(cudaStreamBeginCapture(s.cuda(), m));
+}
+
+GraphHandle CudaBackend::end_capture(Stream s) {
+  cudaGraph_t graph = nullptr;
+  GRAPHSAFE_CUDA(cudaStreamEndCapture(s.cuda(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+  if (err != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    GRAPHSAFE_CUDA(err);
+  }
+  return {graph, exec};
+}
+
+void CudaBackend::abort_capture(Stream s) noexcept {
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(s.cuda(), &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // the capture's own error was already reported to the caller
+}
+
+void CudaBackend::launch(const GraphHandle& g, Stream s) {
+  GRAPHSAFE_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), s.cuda()));
+}
+
+void CudaBackend::destroy(GraphHandle& g) noexcept {
+  if (g.exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g.exec));
+  if (g.graph) cudaGraphDestroy(static_cast<cudaGraph_t>(g.graph));
+  g = {};
+}
+
+void CudaBackend::order_after(Stream waiter, Stream producer) {
+  std::lock_guard g(order_mutex);
+  GRAPHSAFE_CUDA(cudaEventRecord(order_event_, producer.cuda()));
+  GRAPHSAFE_CUDA(cudaStreamWaitEvent(waiter.cuda(), order_event_, 0));
+}
+
+void CudaBackend::synchronize(Stream s) { GRAPHSAFE_CUDA(cudaStreamSynchronize(s.cuda())); }
+
+}  // namespace graphsafe

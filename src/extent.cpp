@@ -1,0 +1,285 @@
+#include <graphsafe/bindings.hpp>
+#include <graphsafe/error.hpp>
+#include <graphsafe/extent.hpp>
+
+#include <algorithm>
+
+namespace graphsafe {
+namespace detail {
+
+enum class Op : std::uint8_t { constant, symbol, element, add, mul, max, min, ceil_div, floor_div, sum, max_over };
+
+struct ExtentNode {
+  Op op;
+  std::int64_t value = 0;   // constant
+  std::uint32_t sym = 0;    // symbol / element / batch of sum & max_over
+  std::shared_ptr<const ExtentNode> a, b;  // operands (body in a for sum / max_over)
+
+  static Extent make(ExtentNode n) { return Extent(std::make_shared<const ExtentNode>(std::move(n))); }
+  static const std::shared_ptr<const ExtentNode>& ptr(const Extent& e) { return e.node_; }
+};
+
+}  // namespace detail
+
+using detail::ExtentNode;
+using detail::Op;
+
+namespace {
+
+std::int64_t checked_add(std::int64_t x, std::int64_t y, const char* what) {
+  std::int64_t r;
+  if (__builtin_add_overflow(x, y, &r))
+    throw overflow_error(std::string("graphsafe: extent overflow in ") + what + ": " + std::to_string(x) +
+                         " + " + std::to_string(y) + " does not fit in 64 bits; check the symbol values");
+  return r;
+}
+std::int64_t checked_mul(std::int64_t x, std::int64_t y, const char* what) {
+  std::int64_t r;
+  if (__builtin_mul_overflow(x, y, &r))
+    throw overflow_error(std::string("graphsafe: extent overflow in ") + what + ": " + std::to_string(x) +
+                         " * " + std::to_string(y) + " does not fit in 64 bits; check the symbol values");
+  return r;
+}
+std::int64_t ceil_div_checked(std::int64_t x, std::int64_t y) {
+  if (y <= 0)
+    throw invalid_argument_error("graphsafe: ceil_div by " + std::to_string(y) + "; the divisor must be >= 1");
+  return x / y + (x % y != 0 ? 1 : 0);
+}
+
+Symbol sym_of(std::uint32_t id) { return Symbol::from_id(id); }
+
+std::size_t batch_length(const Bindings& b, Symbol batch, std::span<const std::int64_t> v) {
+  const auto len = b.value(batch.length());
+  if (static_cast<std::int64_t>(v.size()) != len)
+    throw invalid_argument_error("graphsafe: batch symbol '" + batch.name() + "' has " + std::to_string(v.size()) +
+                                 " values but its length '" + batch.length().name() + "' is " + std::to_string(len) +
+                                 "; bind one value per request (pad inactive requests with 0)");
+  return v.size();
+}
+
+enum class Mode { evaluate, bound };
+
+std::int64_t eval(const ExtentNode& n, const Bindings& b, Mode mode, const std::int64_t* elem) {
+  switch (n.op) {
+    case Op::constant: return n.value;
+    case Op::symbol: {
+      const Symbol s = sym_of(n.sym);
+      if (mode == Mode::bound && s.is_dynamic()) {
+        if (auto cap = s.capacity()) return *cap;
+        throw policy_refusal("graphsafe: dynamic symbol '" + s.name() +
+                             "' has no capacity, so no replay-safe bound exists; declare one "
+                             "(Symbol::dynamic(\"" + s.name() + "\", capacity)) or use static_query_bound");
+      }
+      return b.value(s);
+    }
+    case Op::element: {
+      const Symbol s = sym_of(n.sym);
+      if (mode == Mode::bound) {
+        if (auto cap = s.capacity()) return *cap;
+        throw policy_refusal("graphsafe: batch symbol '" + s.name() +
+                             "' has no capacity, so no replay-safe bound exists; declare one "
+                             "(Symbol::batch(\"" + s.name() + "\", length, capacity)) or use static_query_bound");
+      }
+      return *elem;
+    }
+    case Op::add: return checked_add(eval(*n.a, b, mode, elem), eval(*n.b, b, mode, elem), "+");
+    case Op::mul: return checked_mul(eval(*n.a, b, mode, elem), eval(*n.b, b, mode, elem), "*");
+    case Op::max: return std::max(eval(*n.a, b, mode, elem), eval(*n.b, b, mode, elem));
+    case Op::min: return std::min(eval(*n.a, b, mode, elem), eval(*n.b, b, mode, elem));
+    case Op::ceil_div: {
+      // The divisor is evaluated exactly even when bounding: bounding it by its capacity would
+      // give a *smaller* quotient. Extent::monotone() rejects dynamic divisors before we get here.
+      const std::int64_t d = eval(*n.b, b, Mode::evaluate, elem);
+      return ceil_div_checked(eval(*n.a, b, mode, elem), d);
+    }
+    case Op::floor_div: {
+      const std::int64_t d = eval(*n.b, b, Mode::evaluate, elem);
+      if (d <= 0)
+        throw invalid_argument_error("graphsafe: floor_div by " + std::to_string(d) + "; the divisor must be >= 1");
+      return eval(*n.a, b, mode, elem) / d;
+    }
+    case Op::sum: {
+      const Symbol s = sym_of(n.sym);
+      if (mode == Mode::bound) {
+        const std::int64_t len = b.value(s.length());
+        return checked_mul(len, eval(*n.a, b, mode, nullptr), "sum bound");
+      }
+      auto v = b.values(s);
+      batch_length(b, s, v);
+      std::int64_t acc = 0;
+      for (std::int64_t x : v) acc = checked_add(acc, eval(*n.a, b, mode, &x), "sum");
+      return acc;
+    }
+    case Op::max_over: {
+      const Symbol s = sym_of(n.sym);
+      if (mode == Mode::bound) return b.value(s.length()) > 0 ? eval(*n.a, b, mode, nullptr) : 0;
+      auto v = b.values(s);
+      batch_length(b, s, v);
+      std::int64_t acc = 0;
+      for (std::int64_t x : v) acc = std::max(acc, eval(*n.a, b, mode, &x));
+      return acc;
+    }
+  }
+  return 0;
+}
+
+void collect(const ExtentNode& n, std::vector<std::uint32_t>& out) {
+  auto push = [&](std::uint32_t id) {
+    if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
+  };
+  switch (n.op) {
+    case Op::constant: return;
+    case Op::symbol: push(n.sym); return;
+    case Op::element: return;
+    case Op::sum:
+    case Op::max_over:
+      push(n.sym);
+      push(sym_of(n.sym).length().id());
+      collect(*n.a, out);
+      return;
+    default:
+      collect(*n.a, out);
+      collect(*n.b, out);
+  }
+}
+
+bool depends_on_dynamic(const ExtentNode& n) {
+  switch (n.op) {
+    case Op::constant: return false;
+    case Op::symbol: return sym_of(n.sym).is_dynamic();
+    case Op::element: return true;
+    case Op::sum:
+    case Op::max_over: return true;
+    default: return depends_on_dynamic(*n.a) || depends_on_dynamic(*n.b);
+  }
+}
+
+bool monotone_node(const ExtentNode& n) {
+  switch (n.op) {
+    case Op::constant:
+    case Op::symbol:
+    case Op::element: return true;
+    case Op::ceil_div:
+    case Op::floor_div: return !depends_on_dynamic(*n.b) && monotone_node(*n.a);
+    case Op::sum:
+    case Op::max_over: return monotone_node(*n.a);
+    default: return monotone_node(*n.a) && monotone_node(*n.b);
+  }
+}
+
+std::string str(const ExtentNode& n) {
+  auto bin = [&](const char* op) { return "(" + str(*n.a) + " " + op + " " + str(*n.b) + ")"; };
+  auto fn = [&](const char* f) { return std::string(f) + "(" + str(*n.a) + ", " + str(*n.b) + ")"; };
+  switch (n.op) {
+    case Op::constant: return std::to_string(n.value);
+    case Op::symbol: return sym_of(n.sym).name();
+    case Op::element: return sym_of(n.sym).name() + "[b]";
+    case Op::add: return bin("+");
+    case Op::mul: return bin("*");
+    case Op::max: return fn("max");
+    case Op::min: return fn("min");
+    case Op::ceil_div: return fn("ceil_div");
+    case Op::floor_div: return fn("floor_div");
+    case Op::sum: return "sum_b(" + str(*n.a) + ")";
+    case Op::max_over: return "max_b(" + str(*n.a) + ")";
+  }
+  return "?";
+}
+
+std::size_t hash_node(const ExtentNode& n) {
+  std::size_t h = static_cast<std::size_t>(n.op) * 0x9E3779B97F4A7C15ull;
+  h ^= static_cast<std::size_t>(n.value) + 0x632BE59BD9B4E019ull + (h << 6) + (h >> 2);
+  h ^= static_cast<std::size_t>(n.sym) + 0x85EBCA77C2B2AE63ull + (h << 6) + (h >> 2);
+  if (n.a) h ^= hash_node(*n.a) + (h << 6) + (h >> 2);
+  if (n.b) h ^= hash_node(*n.b) * 31 + (h << 6) + (h >> 2);
+  return h;
+}
+
+bool same_node(const ExtentNode& x, const ExtentNode& y) {
+  if (&x == &y) return true;
+  if (x.op != y.op || x.value != y.value || x.sym != y.sym) return false;
+  if (static_cast<bool>(x.a) != static_cast<bool>(y.a) || static_cast<bool>(x.b) != static_cast<bool>(y.b)) return false;
+  return (!x.a || same_node(*x.a, *y.a)) && (!x.b || same_node(*x.b, *y.b));
+}
+
+}  // namespace
+
+// ---- public API --------------------------------------------------------------------------------
+
+Extent::Extent(std::int64_t constant) {
+  if (constant < 0)
+    throw invalid_argument_error("graphsafe: extent constant " + std::to_string(constant) +
+                                 " is negative; extents count elements and must be >= 0");
+  *this = ExtentNode::make({Op::constant, constant, 0, nullptr, nullptr});
+}
+
+Extent::Extent(Symbol s) {
+  if (s.kind() == SymbolKind::batch)
+    throw invalid_argument_error("graphsafe: batch symbol '" + s.name() +
+                                 "' has one value per request; use sum_over or max_over to fold it");
+  *this = ExtentNode::make({Op::symbol, 0, s.id(), nullptr, nullptr});
+}
+
+namespace {
+Extent binary(Op op, const Extent& a, const Extent& b) {
+  return ExtentNode::make({op, 0, 0, ExtentNode::ptr(a), ExtentNode::ptr(b)});
+}
+bool contains_fold(const ExtentNode& n) {
+  if (n.op == Op::sum || n.op == Op::max_over) return true;
+  return (n.a && contains_fold(*n.a)) || (n.b && contains_fold(*n.b));
+}
+Extent fold(Op op, Symbol batch, const std::function<Extent(const Extent&)>& body) {
+  if (batch.kind() != SymbolKind::batch)
+    throw invalid_argument_error("graphsafe: sum_over/max_over need a batch symbol; '" + batch.name() +
+                                 "' is a scalar (declare it with Symbol::batch)");
+  const Extent element = ExtentNode::make({Op::element, 0, batch.id(), nullptr, nullptr});
+  const Extent b = body(element);
+  if (contains_fold(b.node()))
+    throw invalid_argument_error("graphsafe: nested sum_over/max_over is not supported (batch '" + batch.name() +
+                                 "'); fold each batch separately and combine the results");
+  return ExtentNode::make({op, 0, batch.id(), ExtentNode::ptr(b), nullptr});
+}
+}  // namespace
+
+Extent operator+(const Extent& a, const Extent& b) { return binary(Op::add, a, b); }
+Extent operator*(const Extent& a, const Extent& b) { return binary(Op::mul, a, b); }
+Extent max(const Extent& a, const Extent& b) { return binary(Op::max, a, b); }
+Extent min(const Extent& a, const Extent& b) { return binary(Op::min, a, b); }
+Extent ceil_div(const Extent& a, const Extent& b) { return binary(Op::ceil_div, a, b); }
+Extent floor_div(const Extent& a, const Extent& b) { return binary(Op::floor_div, a, b); }
+Extent round_up(const Extent& a, const Extent& multiple) { return ceil_div(a, multiple) * multiple; }
+
+Extent sum_over(Symbol batch, const std::function<Extent(const Extent&)>& body) { return fold(Op::sum, batch, body); }
+Extent max_over(Symbol batch, const std::function<Extent(const Extent&)>& body) { return fold(Op::max_over, batch, body); }
+
+std::int64_t Extent::evaluate(const Bindings& b) const { return eval(*node_, b, Mode::evaluate, nullptr); }
+
+std::int64_t Extent::capacity_bound(const Bindings& b) const {
+  if (!monotone())
+    throw policy_refusal("graphsafe: extent " + to_string() +
+                         " divides by a dynamic value, so substituting capacities does not bound it; "
+                         "make the divisor static or size it with static_query_bound");
+  return eval(*node_, b, Mode::bound, nullptr);
+}
+
+std::vector<Symbol> Extent::symbols() const {
+  std::vector<std::uint32_t> ids;
+  collect(*node_, ids);
+  std::vector<Symbol> out;
+  for (auto id : ids) out.push_back(Symbol::from_id(id));
+  return out;
+}
+
+std::vector<Symbol> Extent::dynamic_symbols() const {
+  std::vector<Symbol> out;
+  for (Symbol s : symbols())
+    if (s.is_dynamic()) out.push_back(s);
+  return out;
+}
+
+bool Extent::monotone() const { return monotone_node(*node_); }
+std::string Extent::to_string() const { return str(*node_); }
+std::size_t Extent::hash() const { return hash_node(*node_); }
+bool same_expression(const Extent& a, const Extent& b) { return same_node(*a.node_, *b.node_); }
+
+}  // namespace graphsafe

@@ -1,0 +1,205 @@
+#include "free_list.hpp"
+
+#include <cassert>
+
+namespace graphsafe::detail {
+
+FreeList::~FreeList() {
+  free_.clear();
+  used_.clear();
+  for (Slab& s : slabs_) s.blocks.clear();
+}
+
+Block* FreeList::new_block() {
+  if (!spare_) {
+    // Grow the descriptor pool in batches; this is the only allocation and happens when a slab
+    // is added or the block count reaches a new high-water mark, never in steady state.
+    for (int i = 0; i < 64; ++i) {
+      storage_.emplace_back();
+      storage_.back().next_spare = spare_;
+      spare_ = &storage_.back();
+    }
+  }
+  Block* b = spare_;
+  spare_ = b->next_spare;
+  b->next_spare = nullptr;
+  b->state = BlockState::free;
+  b->stream = nullptr;
+  return b;
+}
+
+void FreeList::delete_block(Block* b) {
+  b->next_spare = spare_;
+  spare_ = b;
+}
+
+void FreeList::insert_free(Block* b) {
+  b->state = BlockState::free;
+  free_.insert(*b);
+  free_bytes_ += b->size;
+}
+
+void FreeList::erase_free(Block* b) {
+  free_.erase(free_.iterator_to(*b));
+  free_bytes_ -= b->size;
+}
+
+void FreeList::add_slab(std::uintptr_t addr, std::uint64_t size, void* stream) {
+  slabs_.emplace_back();
+  Slab& s = slabs_.back();
+  s.addr = addr;
+  s.size = size;
+  Block* b = new_block();
+  b->addr = addr;
+  b->size = size;
+  b->slab = &s;
+  b->stream = stream;
+  s.blocks.push_back(*b);
+  insert_free(b);
+  slab_bytes_ += size;
+  // Keep spare descriptors for the splits this slab will see before the next slab arrives.
+  if (!spare_) delete_block(new_block());
+}
+
+Block* FreeList::take_best_fit(std::uint64_t bytes) {
+  Block key;
+  key.size = bytes;
+  key.addr = 0;
+  auto it = free_.lower_bound(key);
+  if (it == free_.end()) return nullptr;
+  Block* b = &*it;
+  erase_free(b);
+  b->state = BlockState::used;
+  if (b->size > bytes) trim_tail(b, bytes);
+  return b;
+}
+
+Block* FreeList::take_largest() {
+  if (free_.empty()) return nullptr;
+  Block* b = &*free_.rbegin();
+  erase_free(b);
+  b->state = BlockState::held;
+  return b;
+}
+
+void FreeList::take(Block* b) {
+  assert(b->state == BlockState::free);
+  erase_free(b);
+  b->state = BlockState::held;
+}
+
+void FreeList::trim_tail(Block* b, std::uint64_t keep) {
+  if (keep >= b->size) return;
+  Block* tail = new_block();
+  tail->addr = b->addr + keep;
+  tail->size = b->size - keep;
+  tail->slab = b->slab;
+  tail->stream = b->stream;
+  b->size = keep;
+  b->slab->blocks.insert(std::next(b->slab->blocks.iterator_to(*b)), *tail);
+  tail->state = BlockState::used;  // give_back marks it free and coalesces it with the next block
+  give_back(tail, tail->stream);
+}
+
+Block* FreeList::next_in_slab(Block* b) const {
+  auto it = std::next(b->slab->blocks.iterator_to(*b));
+  return it == b->slab->blocks.end() ? nullptr : &*it;
+}
+
+bool FreeList::extend(Block* b, std::uint64_t extra) {
+  if (extra == 0) return true;
+  Block* n = next_in_slab(b);
+  if (!n || n->state != BlockState::free || n->size < extra) return false;
+  erase_free(n);
+  if (n->size == extra) {
+    b->slab->blocks.erase(b->slab->blocks.iterator_to(*n));
+    delete_block(n);
+  } else {
+    n->addr += extra;
+    n->size -= extra;
+    insert_free(n);
+  }
+  b->size += extra;
+  return true;
+}
+
+void FreeList::give_back(Block* b, void* stream) {
+  b->stream = stream;
+  auto& list = b->slab->blocks;
+  auto mergeable = [&](Block* n) {
+    return n && n->state == BlockState::free && (n->stream == nullptr || stream == nullptr || n->stream == stream);
+  };
+  // Coalesce with the previous block.
+  auto it = list.iterator_to(*b);
+  if (it != list.begin()) {
+    Block* p = &*std::prev(it);
+    if (mergeable(p)) {
+      erase_free(p);
+      p->size += b->size;
+      if (!p->stream) p->stream = b->stream;
+      list.erase(it);
+      delete_block(b);
+      b = p;
+    }
+  }
+  Block* n = next_in_slab(b);
+  if (mergeable(n)) {
+    erase_free(n);
+    b->size += n->size;
+    if (!b->stream) b->stream = n->stream;
+    list.erase(list.iterator_to(*n));
+    delete_block(n);
+  }
+  insert_free(b);
+}
+
+Block* FreeList::find_used(std::uintptr_t addr) {
+  Block key;
+  key.addr = addr;
+  auto it = used_.find(key);
+  return it == used_.end() ? nullptr : &*it;
+}
+
+void FreeList::mark_all_ready() {
+  for (Slab& s : slabs_) {
+    for (auto it = s.blocks.begin(); it != s.blocks.end();) {
+      Block* b = &*it;
+      ++it;
+      if (b->state == BlockState::free) b->stream = nullptr;
+    }
+    // Now coalesce runs of free blocks.
+    for (auto it = s.blocks.begin(); it != s.blocks.end(); ++it) {
+      Block* b = &*it;
+      if (b->state != BlockState::free) continue;
+      Block* n;
+      while ((n = next_in_slab(b)) && n->state == BlockState::free) {
+        erase_free(b);
+        erase_free(n);
+        b->size += n->size;
+        s.blocks.erase(s.blocks.iterator_to(*n));
+        delete_block(n);
+        insert_free(b);
+      }
+    }
+  }
+}
+
+std::vector<std::pair<std::uintptr_t, std::uint64_t>> FreeList::remove_free_slabs() {
+  std::vector<std::pair<std::uintptr_t, std::uint64_t>> out;
+  for (auto it = slabs_.begin(); it != slabs_.end();) {
+    if (it->blocks.size() == 1 && it->blocks.front().state == BlockState::free) {
+      Block* b = &it->blocks.front();
+      erase_free(b);
+      it->blocks.clear();
+      delete_block(b);
+      out.emplace_back(it->addr, it->size);
+      slab_bytes_ -= it->size;
+      it = slabs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+}  // namespace graphsafe::detail
