@@ -1,0 +1,163 @@
+#include <graphsafe/ds4/decode_step.hpp>
+#include <graphsafe/ds4/kernels.hpp>
+#include <graphsafe/error.hpp>
+#include <graphsafe/policies/capacity_bound.hpp>
+#include <graphsafe/policies/exact_at_capture.hpp>
+
+namespace graphsafe::ds4 {
+
+Ds4Symbols::Ds4Symbols(const LayerConfig& cfg)
+    : requests(Symbol::fixed("requests")),
+      window(Symbol::fixed("window")),
+      seq_lens(Symbol::batch("seq_lens", requests, cfg.max_model_len)) {}
+
+Bindings Ds4Symbols::bind(int batch, const LayerConfig& cfg, const std::vector<std::int32_t>& lens) const {
+  Bindings b;
+  b.set(requests, batch).set(window, cfg.window).set(seq_lens, std::span<const std::int32_t>(lens));
+  return b;
+}
+
+namespace {
+std::int64_t splits_for(const LayerConfig& cfg, int batch) {
+  const int rows = cfg.combined_width();
+  return cuda::choose_splits(batch, cfg.heads, rows, cuda::device_sm_count());
+}
+}  // namespace
+
+GatherDecode::GatherDecode(Arena& arena, const LayerConfig& cfg, const Ds4Symbols& syms, Sizing sizing)
+    : arena_(arena), cfg_(cfg), syms_(syms), sizing_(sizing), swa_bound_(Extent(syms.window)) {}
+
+StepSizes GatherDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindings& b, std::uint16_t* out) {
+  const int r = cfg_.ratio;
+  const int R = d.batch;
+  const Symbol W = syms_.window;
+  // Needs, written in the symbols they depend on (SPEC.md 4.2 step 3).
+  const Extent n_c = r > 1 ? max_over(syms_.seq_lens, [&](const Extent& l) { return floor_div(l, r); }) : Extent(0);
+  const Extent g = max_over(syms_.seq_lens, [&](const Extent& l) { return min(l, Extent(W)); });
+  const SizingPolicy& cmp_policy = sizing_ == Sizing::safe ? static_cast<const SizingPolicy&>(capacity_bound)
+                                                           : static_cast<const SizingPolicy&>(exact_at_capture);
+  const SizingPolicy& swa_policy = sizing_ == Sizing::safe ? static_cast<const SizingPolicy&>(swa_bound_)
+                                                           : static_cast<const SizingPolicy&>(exact_at_capture);
+  StepSizes z;
+  z.N = arena_.dimension(s, "ds4.kv.compressed_rows", n_c, cmp_policy, b);
+  z.G = arena_.dimension(s, "ds4.kv.swa_rows", g, swa_policy, b);
+  z.M = z.N + z.G;
+  const int width = cfg_.combined_width();
+  const std::int64_t splits = splits_for(cfg_, R);
+  // Every extent below is static once N and G are fixed: the guards live on the dimensions.
+  auto kv = arena_.request(s, "ds4.kv", Extent(syms_.requests) * z.M * kHeadDim, 2, capacity_bound, b);
+  auto idx = arena_.request(s, "ds4.combined_indices", Extent(syms_.requests) * width, 4, capacity_bound, b);
+  auto lens = arena_.request(s, "ds4.combined_lens", Extent(syms_.requests), 4, capacity_bound, b);
+  auto scratch = arena_.request(s, "ds4.attention_scratch",
+                                static_cast<std::int64_t>(cuda::sparse_attention_scratch_bytes(R, cfg_.heads,
+                                                                                                 static_cast<int>(splits))),
+                                1, capacity_bound, b);
+  z.workspace_bytes = kv.bytes() + idx.bytes() + lens.bytes() + scratch.bytes();
+
+  cuda::GatherIndexArgs ia;
+  ia.batch = R;
+  ia.ratio = r;
+  ia.window = cfg_.window;
+  ia.topk = r == 4 ? cfg_.topk : cfg_.compressed_width();
+  ia.width = width;
+  ia.N = z.N;
+  ia.M = z.M;
+  ia.seq_lens = d.seq_lens;
+  ia.topk_local = d.topk_local;
+  ia.idx = idx.as<std::int32_t>();
+  ia.lens = lens.as<std::int32_t>();
+  cuda::combine_gather(ia, s.cuda());
+
+  cuda::GatherArgs ga;
+  ga.batch = R;
+  ga.ratio = r;
+  ga.window = cfg_.window;
+  ga.N = z.N;
+  ga.M = z.M;
+  ga.seq_lens = d.seq_lens;
+  ga.swa = d.swa;
+  ga.swa_block_table = d.swa_block_table;
+  ga.swa_blocks_per_req = d.swa_blocks_per_req;
+  ga.cmp = d.cmp;
+  ga.cmp_block_table = d.cmp_block_table;
+  ga.cmp_blocks_per_req = d.cmp_blocks_per_req;
+  ga.ws = kv.as<std::uint16_t>();
+  cuda::gather_workspace(ga, s.cuda());
+
+  cuda::WorkspaceAttentionArgs aa;
+  aa.c.batch = R;
+  aa.c.heads = cfg_.heads;
+  aa.c.q = d.q;
+  aa.c.sink = d.sink;
+  aa.c.out = out;
+  aa.c.splits = static_cast<int>(splits);
+  aa.c.scratch = scratch.data();
+  aa.ws = kv.as<std::uint16_t>();
+  aa.ws_rows = static_cast<std::int64_t>(R) * z.M;
+  aa.idx = idx.as<std::int32_t>();
+  aa.width = width;
+  aa.lens = lens.as<std::int32_t>();
+  cuda::sparse_attention_workspace(aa, s.cuda());
+  return z;  // eager workspaces return to the arena here, stream-ordered after the kernels
+}
+
+PagedDecode::PagedDecode(Arena& arena, const LayerConfig& cfg, const Ds4Symbols& syms)
+    : arena_(arena), cfg_(cfg), syms_(syms) {}
+
+StepSizes PagedDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindings& b, std::uint16_t* out) {
+  const int R = d.batch;
+  const int cw = cfg_.compressed_width();
+  const std::int64_t splits = splits_for(cfg_, R);
+  const Extent Rx(syms_.requests);
+  auto cmp_idx = arena_.request(s, "ds4.paged.cmp_idx", Rx * std::max(cw, 1), 4, capacity_bound, b);
+  auto cmp_lens = arena_.request(s, "ds4.paged.cmp_lens", Rx, 4, capacity_bound, b);
+  auto swa_idx = arena_.request(s, "ds4.paged.swa_idx", Rx * Extent(syms_.window), 4, capacity_bound, b);
+  auto swa_lens = arena_.request(s, "ds4.paged.swa_lens", Rx, 4, capacity_bound, b);
+  auto scratch = arena_.request(s, "ds4.attention_scratch",
+                                static_cast<std::int64_t>(cuda::sparse_attention_scratch_bytes(R, cfg_.heads,
+                                                                                                 static_cast<int>(splits))),
+                                1, capacity_bound, b);
+  StepSizes z;
+  z.workspace_bytes = cmp_idx.bytes() + cmp_lens.bytes() + swa_idx.bytes() + swa_lens.bytes() + scratch.bytes();
+
+  cuda::PagedIndexArgs ia;
+  ia.batch = R;
+  ia.ratio = cfg_.ratio;
+  ia.window = cfg_.window;
+  ia.topk = cfg_.topk;
+  ia.cmp_width = cw;
+  ia.seq_lens = d.seq_lens;
+  ia.topk_local = d.topk_local;
+  ia.swa_block_table = d.swa_block_table;
+  ia.swa_blocks_per_req = d.swa_blocks_per_req;
+  ia.swa_block_tokens = cfg_.swa_block_tokens;
+  ia.cmp_block_table = d.cmp_block_table;
+  ia.cmp_blocks_per_req = d.cmp_blocks_per_req;
+  ia.cmp_block_entries = cfg_.compressed_block_entries();
+  ia.cmp_idx = cfg_.ratio > 1 ? cmp_idx.as<std::int32_t>() : nullptr;
+  ia.cmp_lens = cfg_.ratio > 1 ? cmp_lens.as<std::int32_t>() : nullptr;
+  ia.swa_idx = swa_idx.as<std::int32_t>();
+  ia.swa_lens = swa_lens.as<std::int32_t>();
+  cuda::combine_paged(ia, s.cuda());
+
+  cuda::PagedAttentionArgs pa;
+  pa.c.batch = R;
+  pa.c.heads = cfg_.heads;
+  pa.c.q = d.q;
+  pa.c.sink = d.sink;
+  pa.c.out = out;
+  pa.c.splits = static_cast<int>(splits);
+  pa.c.scratch = scratch.data();
+  pa.swa = d.swa;
+  pa.swa_idx = swa_idx.as<std::int32_t>();
+  pa.swa_width = cfg_.window;
+  pa.swa_lens = swa_lens.as<std::int32_t>();
+  pa.cmp = d.cmp;
+  pa.cmp_idx = ia.cmp_idx;
+  pa.cmp_width = cw;
+  pa.cmp_lens = ia.cmp_lens;
+  cuda::sparse_attention_paged(pa, s.cuda());
+  return z;
+}
+
+}  // namespace graphsafe::ds4

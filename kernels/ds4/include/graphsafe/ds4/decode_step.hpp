@@ -1,0 +1,68 @@
+// One DS4 decode step of one attention layer with every workspace sized through graphsafe.
+//
+// This is the client the seed broke: the gather path dequantizes a request's compressed rows and
+// its SWA rows into one bf16 workspace [R, M, 512], the SWA part at row offset N, and attends over
+// combined indices b*M + ... . N and M become kernel arguments frozen by capture; the rows written
+// come from device lengths that keep growing. Here N and G are graphsafe dimensions (recorded and
+// guarded, "an offset is a request boundary") and the workspace, index buffers and split-K scratch
+// are graphsafe requests, so the policy decides (SPEC.md 4.4):
+//   Sizing::safe  -> N: capacity_bound (floor(max_model_len / r)), G: static_query_bound(W)
+//   Sizing::exact -> exact_at_capture for both: the seed's behaviour, reported and refused by guards
+// The paged-direct path needs no gather workspace; its index lists and scratch are static requests.
+#pragma once
+
+#include <graphsafe/arena.hpp>
+#include <graphsafe/bindings.hpp>
+#include <graphsafe/ds4/device_problem.hpp>
+#include <graphsafe/ds4/problem.hpp>
+#include <graphsafe/extent.hpp>
+#include <graphsafe/policies/static_query_bound.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace graphsafe::ds4 {
+
+enum class Sizing { safe, exact };
+
+// The symbols a DS4 layer's sizes are written in.
+struct Ds4Symbols {
+  Symbol requests;   // R: padded batch of the graph (static)
+  Symbol window;     // W (static)
+  Symbol seq_lens;   // L[b] (dynamic, capacity max_model_len)
+  explicit Ds4Symbols(const LayerConfig& cfg);
+  Bindings bind(int batch, const LayerConfig& cfg, const std::vector<std::int32_t>& lens) const;
+};
+
+// What one step reserved (element counts as the policy chose them).
+struct StepSizes {
+  std::int64_t N = 0, G = 0, M = 0;  // compressed rows, SWA rows, row stride per request
+  std::uint64_t workspace_bytes = 0;  // every request of the step
+};
+
+class GatherDecode {
+ public:
+  GatherDecode(Arena& arena, const LayerConfig& cfg, const Ds4Symbols& syms, Sizing sizing);
+  // Enqueue the step on `s` (capturable): sizes through the arena, then combine, gather, attend.
+  StepSizes run(Stream s, const cuda::DeviceProblem& d, const Bindings& b, std::uint16_t* out);
+
+ private:
+  Arena& arena_;
+  LayerConfig cfg_;
+  const Ds4Symbols& syms_;
+  Sizing sizing_;
+  StaticQueryBound swa_bound_;
+};
+
+class PagedDecode {
+ public:
+  PagedDecode(Arena& arena, const LayerConfig& cfg, const Ds4Symbols& syms);
+  StepSizes run(Stream s, const cuda::DeviceProblem& d, const Bindings& b, std::uint16_t* out);
+
+ private:
+  Arena& arena_;
+  LayerConfig cfg_;
+  const Ds4Symbols& syms_;
+};
+
+}  // namespace graphsafe::ds4
