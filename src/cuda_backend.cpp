@@ -37,6 +37,7 @@ CudaBackend::CudaBackend(CudaBackendOptions o) {
 }
 
 CudaBackend::~CudaBackend() {
+  for (auto& [s, ev] : pre_capture_events_) cudaEventDestroy(ev);
   if (order_event_) cudaEventDestroy(order_event_);
   if (pool_) {
     cudaDeviceSynchronize();
@@ -72,10 +73,29 @@ void CudaBackend::begin_capture(Stream s, CaptureMode mode) {
   const cudaStreamCaptureMode m = mode == CaptureMode::global           ? cudaStreamCaptureModeGlobal
                                   : mode == CaptureMode::thread_local_mode ? cudaStreamCaptureModeThreadLocal
                                                                            : cudaStreamCaptureModeRelaxed;
+  cudaEvent_t ev = nullptr;
+  GRAPHSAFE_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  GRAPHSAFE_CUDA(cudaEventRecord(ev, s.cuda()));
+  {
+    std::lock_guard g(capture_events_mutex_);
+    if (auto it = pre_capture_events_.find(s.cuda()); it != pre_capture_events_.end()) cudaEventDestroy(it->second);
+    pre_capture_events_[s.cuda()] = ev;
+  }
   GRAPHSAFE_CUDA(cudaStreamBeginCapture(s.cuda(), m));
 }
 
+namespace {
+void drop_event(std::mutex& m, std::unordered_map<cudaStream_t, cudaEvent_t>& events, cudaStream_t s) noexcept {
+  std::lock_guard g(m);
+  if (auto it = events.find(s); it != events.end()) {
+    cudaEventDestroy(it->second);
+    events.erase(it);
+  }
+}
+}  // namespace
+
 GraphHandle CudaBackend::end_capture(Stream s) {
+  drop_event(capture_events_mutex_, pre_capture_events_, s.cuda());
   cudaGraph_t graph = nullptr;
   GRAPHSAFE_CUDA(cudaStreamEndCapture(s.cuda(), &graph));
   cudaGraphExec_t exec = nullptr;
@@ -88,6 +108,7 @@ GraphHandle CudaBackend::end_capture(Stream s) {
 }
 
 void CudaBackend::abort_capture(Stream s) noexcept {
+  drop_event(capture_events_mutex_, pre_capture_events_, s.cuda());
   cudaGraph_t graph = nullptr;
   if (cudaStreamEndCapture(s.cuda(), &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
   cudaGetLastError();  // the capture's own error was already reported to the caller
@@ -104,6 +125,16 @@ void CudaBackend::destroy(GraphHandle& g) noexcept {
 }
 
 void CudaBackend::order_after(Stream waiter, Stream producer) {
+  if (capture_info(producer).active) {
+    // Everything released on `producer` was released before its capture began.
+    std::lock_guard g(capture_events_mutex_);
+    auto it = pre_capture_events_.find(producer.cuda());
+    if (it == pre_capture_events_.end())
+      throw capture_state_error("graphsafe: memory last used on a stream that is capturing outside graphsafe; "
+                                "capture through graphsafe::capture so its earlier work can be ordered");
+    GRAPHSAFE_CUDA(cudaStreamWaitEvent(waiter.cuda(), it->second, 0));
+    return;
+  }
   std::lock_guard g(order_mutex);
   GRAPHSAFE_CUDA(cudaEventRecord(order_event_, producer.cuda()));
   GRAPHSAFE_CUDA(cudaStreamWaitEvent(waiter.cuda(), order_event_, 0));

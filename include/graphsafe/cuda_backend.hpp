@@ -7,7 +7,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 namespace graphsafe {
 
@@ -47,6 +49,10 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   cudaMemPool_t pool_ = nullptr;
   cudaEvent_t order_event_ = nullptr;
+  // Recorded on a stream just before its capture begins: work released on a stream that is now
+  // capturing is ordered through this event (recording into the capture would join it).
+  std::mutex capture_events_mutex_;
+  std::unordered_map<cudaStream_t, cudaEvent_t> pre_capture_events_;
 };
 
 }  // namespace graphsafe
