@@ -113,8 +113,12 @@ std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes,
     throw out_of_memory_error("graphsafe: capture of family '" + st.family->name + "' needs " +
                               std::to_string(offset + bytes) + " bytes for request '" + std::string(name) +
                               "' but only " + std::to_string(st.limit) +
-                              " are free in one range (requests during capture never grow the arena); call "
-                              "arena.reserve(" + std::to_string(offset + bytes) + ", stream) before capturing");
+                              " are free in one range (requests during capture never grow the arena); " +
+                              (st.family->graphs > 0
+                                   ? std::string("the family's region cannot grow past the block after it -- capture "
+                                                 "the family's largest bucket first so its region is sized by it")
+                                   : "call arena.reserve(" + std::to_string(offset + bytes) +
+                                         ", stream) before capturing"));
   st.bump = offset + bytes;
   return offset;
 }
@@ -261,7 +265,18 @@ void ArenaCore::reserve(std::uint64_t bytes, Stream s) {
 void ArenaCore::trim(Stream s) {
   if (backend.capture_info(s).active)
     throw capture_state_error("graphsafe: trim() on a capturing stream; trim outside capture");
-  backend.synchronize(s);
+  // Free blocks may still be in use by work on the streams that released them: wait for each of
+  // those streams (and `s`) before treating them as ready and returning slabs.
+  std::vector<void*> streams{s.handle()};
+  {
+    std::lock_guard g(lock);
+    fl.for_each_block([&](const Slab&, const Block& b) {
+      if (b.state == BlockState::free && b.stream &&
+          std::find(streams.begin(), streams.end(), b.stream) == streams.end())
+        streams.push_back(b.stream);
+    });
+  }
+  for (void* st : streams) backend.synchronize(Stream(static_cast<cudaStream_t>(st)));
   std::vector<std::pair<std::uintptr_t, std::uint64_t>> slabs;
   {
     std::lock_guard g(lock);
@@ -272,6 +287,19 @@ void ArenaCore::trim(Stream s) {
 }
 
 void ArenaCore::begin_session(SessionState& st) {
+  // Nothing free at all (e.g. another capture holds the largest block): grow now, while the stream
+  // is still eager. A capture itself never calls the upstream allocator.
+  bool nothing_free;
+  {
+    std::lock_guard g(lock);
+    nothing_free = fl.free_blocks() == 0 && !st.family->region;
+  }
+  if (nothing_free && opts.grow_on_demand) {
+    const std::uint64_t slab = align_up(opts.growth_bytes, 2ull << 20);
+    void* p = backend.allocate_slab(slab, st.stream);
+    std::lock_guard g(lock);
+    fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, st.stream.handle());
+  }
   std::lock_guard g(lock);
   Family& f = *st.family;
   if (f.capturing)
@@ -306,6 +334,15 @@ void ArenaCore::end_session(SessionState& st, bool success) {
     if (st.provisional) fl.give_back(st.provisional, st.stream.handle());
     if (st.next_held) fl.give_back(st.next_held, st.stream.handle());
     st.provisional = st.next_held = nullptr;
+    // The family's last graph may have died while this capture held its region (graph_destroyed
+    // leaves a capturing family's region alone): nobody holds it now, so it goes back.
+    if (f.graphs == 0 && f.region) {
+      region_bytes -= f.region->size;
+      --families_with_region;
+      f.region->state = BlockState::used;
+      fl.give_back(f.region, f.last_stream ? f.last_stream : st.stream.handle());
+      f.region = nullptr;
+    }
     return;
   }
   if (st.provisional) {

@@ -71,6 +71,10 @@ bool Bindings::has(Symbol s) const {
 
 std::int64_t Bindings::value(Symbol s) const {
   if (const auto* e = find_scalar(s.id())) return e->value;
+  if (s.kind() == SymbolKind::batch)
+    throw invalid_argument_error("graphsafe: '" + s.name() +
+                                 "' is a batch symbol with one value per request; read it with values(), "
+                                 "or fold it into an extent with sum_over / max_over");
   throw unbound_symbol_error("graphsafe: symbol '" + s.name() +
                              "' is not bound; call bindings.set(" + s.name() + ", value) before sizing or replaying");
 }

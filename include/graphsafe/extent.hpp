@@ -55,7 +55,7 @@ class Extent {
   std::vector<Symbol> dynamic_symbols() const;
   bool is_static() const { return dynamic_symbols().empty(); }
   bool monotone() const;
-  // Readable form for reports: "sum(seq_lens[b] -> ceil_div(seq_lens[b], 4)) * 512".
+  // Readable form for reports: "(sum_b(ceil_div(seq_lens[b], 4)) * 512)".
   std::string to_string() const;
 
   // Structural identity, used to share guards between requests with the same extent.

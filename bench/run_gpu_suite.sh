@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# The GPU suite in one go, from the repository root on a machine with an NVIDIA GPU (H200):
+#   configure + build (Release, sm_90a, Ninja, -j16), ctest (CPU tests in parallel, GPU tests one at
+#   a time), compute-sanitizer memcheck + racecheck on every GPU test executable, then every
+#   benchmark in build/bench with --json. Logs and JSON go to $OUT. It keeps going past failures and
+#   exits non-zero if any step failed. Needs: $OUT, .deps/catch2_*.deb, CUDA toolkit, Boost headers.
+#
+#   OUT=/tmp/out bash bench/run_gpu_suite.sh
+#
+# Knobs (environment): BUILD_DIR (build), JOBS (16), SANITIZER_TIMEOUT (s per run, 110),
+# BENCH_TIMEOUT (s per benchmark, 180), GRAPHSAFE_TEST_CYCLES under the sanitizers (100).
+set -u
+set -o pipefail
+
+: "${OUT:?set OUT to the folder for logs and JSON}"
+mkdir -p "$OUT"
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-16}
+SANITIZER_TIMEOUT=${SANITIZER_TIMEOUT:-110}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-180}
+SAN_CYCLES=${SAN_CYCLES:-100}
+T0=$(date +%s)
+
+declare -a SUMMARY=()
+FAILED=0
+record() {  # record <status> <what>
+  SUMMARY+=("$(printf '%-6s %s' "$1" "$2")")
+  if [ "$1" = "FAIL" ]; then FAILED=1; fi
+}
+elapsed() { echo "$(( $(date +%s) - T0 ))s"; }
+banner() { echo; echo "=== [$(elapsed)] $*"; }
+
+# ---- toolchain ------------------------------------------------------------------------------------
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PATH="$PATH:$CUDA_HOME/bin"
+SANITIZER=$(command -v compute-sanitizer || true)
+[ -z "$SANITIZER" ] && [ -x "$CUDA_HOME/compute-sanitizer/compute-sanitizer" ] && SANITIZER="$CUDA_HOME/compute-sanitizer/compute-sanitizer"
+GEN="Ninja"
+command -v ninja >/dev/null 2>&1 || GEN="Unix Makefiles"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
+
+# ---- Catch2 -----------------------------------------------------------------------------------------
+banner "unpacking Catch2"
+DEB=$(ls .deps/catch2_*.deb 2>/dev/null | head -n 1)
+if [ -n "$DEB" ] && rm -rf /tmp/c2 && dpkg -x "$DEB" /tmp/c2 && [ -d /tmp/c2/usr/lib/cmake/Catch2 ]; then
+  record ok "catch2 unpacked ($DEB)"
+else
+  record FAIL "catch2: no .deps/catch2_*.deb or dpkg -x failed (tests will not be built)"
+fi
+
+# ---- configure + build ------------------------------------------------------------------------------
+banner "configure ($GEN) + build -j$JOBS"
+configure() {
+  cmake -S . -B "$BUILD_DIR" -G "$GEN" \
+    -DCatch2_DIR=/tmp/c2/usr/lib/cmake/Catch2 \
+    -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo "$CUDA_HOME/bin/nvcc")" >"$OUT/configure.log" 2>&1
+}
+if ! configure; then
+  echo "configure failed once; wiping $BUILD_DIR (stale cache?) and retrying"
+  rm -rf "$BUILD_DIR"
+  configure
+fi
+CONF_RC=$?
+tail -n 5 "$OUT/configure.log"
+if [ $CONF_RC -ne 0 ]; then
+  record FAIL "configure (see configure.log)"
+  cat "$OUT/configure.log" | tail -n 40
+else
+  record ok "configure"
+fi
+if [ $CONF_RC -eq 0 ]; then
+  if cmake --build "$BUILD_DIR" -j"$JOBS" >"$OUT/build.log" 2>&1; then
+    record ok "build"
+  else
+    # Keep going with whatever was built; show the first errors.
+    record FAIL "build (see build.log)"
+    grep -n -m 30 -E "error|Error" "$OUT/build.log" || tail -n 40 "$OUT/build.log"
+    cmake --build "$BUILD_DIR" -j"$JOBS" -- -k 0 >>"$OUT/build.log" 2>&1 || true
+  fi
+fi
+
+# ---- ctest ------------------------------------------------------------------------------------------
+if [ -d "$BUILD_DIR" ]; then
+  banner "ctest: CPU tests (parallel)"
+  (cd "$BUILD_DIR" && ctest -LE gpu -j"$JOBS" --output-on-failure --timeout 300) 2>&1 | tee "$OUT/ctest.log"
+  if [ "${PIPESTATUS[0]}" -eq 0 ]; then record ok "ctest cpu"; else record FAIL "ctest cpu (see ctest.log)"; fi
+  banner "ctest: GPU tests (one at a time)"
+  (cd "$BUILD_DIR" && ctest -L gpu --no-tests=error --output-on-failure --timeout 400) 2>&1 | tee -a "$OUT/ctest.log"
+  if [ "${PIPESTATUS[0]}" -eq 0 ]; then record ok "ctest gpu"; else record FAIL "ctest gpu (see ctest.log)"; fi
+  # A skipped GPU test (exit 77) on this machine means no usable GPU: say so loudly.
+  if grep -q "Not Run\|\*\*\*Skipped" "$OUT/ctest.log"; then
+    record FAIL "ctest: some tests were skipped (no usable GPU?)"
+  fi
+fi
+
+# ---- compute-sanitizer ---------------------------------------------------------------------------------
+GPU_TESTS=()
+if [ -d "$BUILD_DIR/tests/gpu" ]; then
+  while IFS= read -r f; do GPU_TESTS+=("$f"); done < <(find "$BUILD_DIR/tests/gpu" -maxdepth 1 -type f -executable -name 'test_*' | sort)
+fi
+if [ -z "$SANITIZER" ]; then
+  record FAIL "compute-sanitizer not found"
+elif [ ${#GPU_TESTS[@]} -eq 0 ]; then
+  record FAIL "no GPU test executables under $BUILD_DIR/tests/gpu"
+else
+  for exe in "${GPU_TESTS[@]}"; do
+    name=$(basename "$exe")
+    for tool in memcheck racecheck; do
+      banner "compute-sanitizer --tool $tool $name"
+      log="$OUT/$name.$tool.log"
+      GRAPHSAFE_TEST_CYCLES=$SAN_CYCLES timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+        "$exe" >"$log" 2>&1
+      rc=$?
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|HAZARD|test cases|All tests passed|FAILED" "$log" | tail -n 6
+      case $rc in
+        0) record ok "$tool $name" ;;
+        124) record FAIL "$tool $name: timed out after ${SANITIZER_TIMEOUT}s ($log)" ;;
+        99) record FAIL "$tool $name: sanitizer reported errors ($log)" ;;
+        *) record FAIL "$tool $name: exit $rc ($log)" ;;
+      esac
+    done
+  done
+fi
+
+# ---- benchmarks ----------------------------------------------------------------------------------------
+BENCHES=()
+if [ -d "$BUILD_DIR/bench" ]; then
+  while IFS= read -r f; do BENCHES+=("$f"); done < <(find "$BUILD_DIR/bench" -maxdepth 1 -type f -executable | sort)
+fi
+if [ ${#BENCHES[@]} -eq 0 ]; then
+  record FAIL "no benchmark executables under $BUILD_DIR/bench"
+fi
+for exe in "${BENCHES[@]}"; do
+  name=$(basename "$exe")
+  banner "benchmark $name"
+  timeout "$BENCH_TIMEOUT" "$exe" --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 0 ] && [ -s "$OUT/$name.json" ]; then
+    record ok "bench $name -> $name.json"
+  else
+    record FAIL "bench $name: exit $rc$([ -s "$OUT/$name.json" ] || echo ', no JSON') ($name.log)"
+  fi
+done
+
+# ---- summary -----------------------------------------------------------------------------------------
+banner "summary"
+for line in "${SUMMARY[@]}"; do echo "  $line"; done
+for j in "$OUT"/*.json; do
+  [ -f "$j" ] || continue
+  echo "  $(basename "$j"):"
+  python3 - "$j" <<'EOF' 2>/dev/null || echo "    (could not parse)"
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    base = f"  vs {r['baseline_name']} {r['baseline_value']:.4g} -> {r['ratio']:.3g}x" if r.get('baseline_name') else ""
+    print(f"    {r['name']}: {r['value']:.4g} {r['unit']}{base}")
+EOF
+done
+echo "total $(elapsed); logs in $OUT"
+if [ $FAILED -ne 0 ]; then echo "SUITE: FAILED"; exit 1; fi
+echo "SUITE: OK"
+exit 0
