@@ -244,6 +244,8 @@ TEST_CASE("ue8m0 exponent: hand values and the defining inequality", "[ds4][quan
   const Row rows[] = {
       {448.0f, 0}, {std::nextafter(448.0f, 1e9f), 1}, {224.0f, -1}, {896.0f, 1}, {1000.0f, 2}, {1.0f, -8},
       {3.0f, -7},  {1e-3f, -18}, {100.0f, -2}, {0.0f, -22}, {1e-5f, -22}, {1e-4f, -22}, {1e30f, 91}, {3.0e38f, 120},
+      // fp32 quotient one ulp above 2^10 / 2^-10: exact ceil gives 11 / -9 (ceilf(log2f(.)) would say 10 / -10).
+      {std::nextafter(458752.0f, 1e9f), 11}, {std::nextafter(0.4375f, 1.0f), -9},
   };
   for (const Row& r : rows) {
     INFO("amax = " << r.amax);
@@ -385,7 +387,7 @@ TEST_CASE("fp8_ds_mla: round-trip error bounds per tile", "[ds4][quant]") {
       }
     }
     REQUIRE(sc[7] == 0);
-    for (int i = 448; i < 512; ++i) REQUIRE(std::fabs(y[i] - x[i]) <= std::fabs(x[i]) * 0x1p-9);
+    for (int i = 448; i < 512; ++i) REQUIRE(std::fabs(y[i] - x[i]) <= std::fabs(x[i]) * 0x1p-8);  // bf16 half ulp
   }
 }
 
@@ -592,7 +594,7 @@ TEST_CASE("make_problem/grow: C4 picks", "[ds4][problem]") {
   SECTION("random: short context = 0..n_c-1; long = K distinct valid ids") {
     const ds4::DecodeProblem p = ds4::make_problem(cfg, {23, 400}, 2);
     const std::vector<int> r0(p.topk_local.begin(), p.topk_local.begin() + 8);
-    CHECK(r0 == std::vector<int>{0, 1, 2, 3, 4, 5, -1, -1});
+    CHECK(r0 == std::vector<int>{0, 1, 2, 3, 4, -1, -1, -1});  // L = 23: n_c = 5
     const std::set<int> ids(p.topk_local.begin() + 8, p.topk_local.end());
     CHECK(ids.size() == 8);
     CHECK(*ids.begin() >= 0);
