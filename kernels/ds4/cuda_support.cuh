@@ -50,6 +50,9 @@ inline void require_cache(const std::string& fn, const char* name, const PagedCa
   if (c.stride < static_cast<std::size_t>(c.block_tokens) * kTokenBytes || c.stride % 16 != 0)
     bad_arg(fn, std::string(name) + ".stride", static_cast<long long>(c.stride),
             "a multiple of 16 bytes >= block_tokens * 584 (layout.hpp block_stride_bytes)");
+  if (static_cast<long long>(c.num_blocks) * c.block_tokens > 0x7FFFFFFFLL || c.num_blocks < 0)
+    bad_arg(fn, std::string(name) + ".num_blocks * block_tokens",
+            static_cast<long long>(c.num_blocks) * c.block_tokens, "0 .. 2^31-1 (int32 slots)");
   if (reinterpret_cast<std::uintptr_t>(c.base) % 16 != 0)
     bad_arg(fn, std::string(name) + ".base % 16", static_cast<long long>(
             reinterpret_cast<std::uintptr_t>(c.base) % 16), "0 (16-byte aligned)");
@@ -124,14 +127,17 @@ struct CacheView {
   __device__ __forceinline__ bool valid(long long slot) const {
     return slot >= 0 && slot < static_cast<long long>(num_blocks) * block_tokens;
   }
+  // Slots are < num_blocks * block_tokens < 2^31 (checked by require_cache): 32-bit div/mod.
   __device__ __forceinline__ const std::uint8_t* data(long long slot) const {
-    const long long blk = slot / block_tokens, off = slot % block_tokens;
-    return base + blk * stride + off * kTokenDataBytes;
+    const unsigned s = static_cast<unsigned>(slot), bt = static_cast<unsigned>(block_tokens);
+    const unsigned blk = s / bt, off = s - blk * bt;
+    return base + static_cast<unsigned long long>(blk) * stride + off * static_cast<unsigned>(kTokenDataBytes);
   }
   __device__ __forceinline__ const std::uint8_t* scales(long long slot) const {
-    const long long blk = slot / block_tokens, off = slot % block_tokens;
-    return base + blk * stride + static_cast<long long>(block_tokens) * kTokenDataBytes +
-           off * kTokenScaleBytes;
+    const unsigned s = static_cast<unsigned>(slot), bt = static_cast<unsigned>(block_tokens);
+    const unsigned blk = s / bt, off = s - blk * bt;
+    return base + static_cast<unsigned long long>(blk) * stride + bt * static_cast<unsigned>(kTokenDataBytes) +
+           off * static_cast<unsigned>(kTokenScaleBytes);
   }
 };
 inline CacheView view_of(const PagedCache& c) {
@@ -186,6 +192,73 @@ __device__ __forceinline__ void quantize_row_warp(const T* row, std::uint8_t* da
   const float r0 = to_f32(row[kNopeDim + 2 * lane]);
   const float r1 = to_f32(row[kNopeDim + 2 * lane + 1]);
   *reinterpret_cast<std::uint32_t*>(data + kNopeDim + 4 * lane) = pack_bf16x2(r0, r1);
+}
+
+// ---- Hopper wgmma (sm_90a) -----------------------------------------------------------------
+// Shared-memory matrix descriptor, no swizzle ("interleave" canonical layout of 8x16-byte core
+// matrices): lbo / sbo in bytes (PTX ISA "matrix descriptor"; CUTLASS GmmaDescriptor).
+__device__ __forceinline__ std::uint64_t wgmma_desc(const void* smem, std::uint32_t lbo, std::uint32_t sbo) {
+  std::uint64_t d = (smem_u32(smem) & 0x3FFFFu) >> 4;
+  d |= static_cast<std::uint64_t>((lbo >> 4) & 0x3FFFu) << 16;
+  d |= static_cast<std::uint64_t>((sbo >> 4) & 0x3FFFu) << 32;
+  return d;
+}
+// Opaque copy: keeps the compiler from hoisting 32 unrolled descriptor values out of the tile loop
+// as loop invariants (which costs ~128 registers and spills).
+__device__ __forceinline__ std::uint64_t launder(std::uint64_t x) {
+  asm volatile("mov.b64 %0, %0;\n" : "+l"(x));
+  return x;
+}
+// wgmma exists only in the sm_90a feature set. The CMake targets are "90a-real;90-virtual": the
+// compute_90 PTX (JIT for other GPUs) gets traps here, and the host never launches the wgmma kernel
+// on a device whose compute capability is not 9.x (sparse_attention.cu: use_wgmma()).
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GRAPHSAFE_DS4_NO_WGMMA 1
+#endif
+__device__ __forceinline__ void wgmma_fence() {
+#ifndef GRAPHSAFE_DS4_NO_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifndef GRAPHSAFE_DS4_NO_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifndef GRAPHSAFE_DS4_NO_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Ordinary shared-memory stores (st.shared, cp.async) -> visible to the async proxy (wgmma).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// D[64x16] (+)= A[64x16] * B[16x16], A and B K-major in shared memory, bf16 in, fp32 accumulate.
+__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], std::uint64_t da, std::uint64_t db, int accumulate) {
+#ifndef GRAPHSAFE_DS4_NO_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db), "r"(accumulate));
+#else
+  (void)d; (void)da; (void)db; (void)accumulate;
+#endif
+}
+// D[64x128] += A[64x16] * B[16x128], A K-major, B MN-major (transposed) in shared memory.
+__device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[64], std::uint64_t da, std::uint64_t db) {
+#ifndef GRAPHSAFE_DS4_NO_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(1));
+#else
+  (void)d; (void)da; (void)db;
+#endif
 }
 
 }  // namespace graphsafe::ds4::cuda::detail

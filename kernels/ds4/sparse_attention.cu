@@ -1,34 +1,59 @@
 // DS4 sparse decode attention with per-head sinks (SPEC.md 2.5, 7.1), on tensor cores.
 //
-// One CTA = (split, request b, group of 64 heads); 256 threads = 8 warps. The CTA keeps the 64
-// heads' queries (64 x 512 bf16) in shared memory and streams the request's attended rows in tiles
-// of 64 rows (bf16 in shared memory), computing per tile
-//     S = Q K^T   (64 heads x 64 rows, k = 512)       warp w: heads 16*(w%4).., rows 32*(w/4)..
+// One CTA = (split, request b, group of 64 heads); 512 threads = 16 warps = 4 warpgroups. The CTA
+// keeps the 64 heads' queries (64 x 512 bf16) in shared memory and streams the request's attended
+// rows in tiles of 64 rows (bf16 in shared memory), computing per tile
+//     S = Q K^T   (64 heads x 64 rows, k = 512)
 //     online softmax per head (row max exchanged through shared memory, base-2 exponentials)
-//     O += P V    (64 heads x 512 dims, k = 64 rows)  warp w: heads 32*(w/4).., dims 128*(w%4)..
-// with mma.sync m16n8k16 bf16 x bf16 -> fp32 and ldmatrix fragments; V = K (all 512 dims).
-// The request's tiles are split evenly over `splits` CTAs (flash-decoding) so that a single request
-// still fills the GPU; a combine kernel merges the partial (m, l, O) in split order (deterministic).
+//     O += P V    (64 heads x 512 dims, k = 64 rows), V = K (all 512 dims)
+// bf16 operands, fp32 accumulation, bf16 P, fp32 (m, l) per head, bf16 output.
+//
+// Two tile engines with identical structure and numerics:
+//  * wgmma (default, sm_90a): warpgroup g computes S[:, 16g..16g+15] with 32 x wgmma m64n16k16 and
+//    O[:, 128g..128g+127] with 4 x wgmma m64n128k16 (A and B from shared memory, no-swizzle canonical
+//    layout; the K tile is read K-major for S and MN-major for P V). SASS: HGMMA.
+//  * mma.sync (GRAPHSAFE_DS4_ATTENTION=mma_sync): m16n8k16 + ldmatrix; warp w computes S for heads
+//    16*(w%4).., rows 16*(w/4).. and O for heads 32*(w/8).., dims 64*(w%8)... SASS: HMMA.
+//
+// Split-K (flash-decoding): the request's tiles are split evenly over `splits` CTAs so that a single
+// request still fills the GPU. With wgmma and 2 <= splits <= 8 the splits of one (request, head
+// group) form a thread-block cluster and rank 0 merges the partial (m, l, O) of the other ranks over
+// distributed shared memory (no scratch traffic, one kernel); otherwise (or with
+// GRAPHSAFE_DS4_CLUSTER=0) partials go to the caller's scratch and a combine kernel merges them.
+// Both merges run in split order: results are deterministic run to run.
 //
 // Variant A (paged-direct) loads each row's 576 data bytes + 8 scale bytes from the fp8 paged caches
-// with cp.async into a double-buffered raw stage, then all threads dequantize the tile into bf16
-// (exact: e4m3 * 2^k fits bf16). Variant B (workspace) cp.asyncs bf16 rows from the gather
-// workspace straight into a double-buffered K tile. Both feed the same tile computation, so for the
-// same rows in the same order they produce bitwise identical output.
+// with cp.async into a double-buffered raw stage (slots fetched two tiles ahead, rows prefetched
+// into L2 one tile ahead), then all threads dequantize the tile into bf16 (exact: e4m3 * 2^k fits
+// bf16). Variant B (workspace) cp.asyncs bf16 rows from the gather workspace straight into a
+// double-buffered K tile. Both feed the same tile computation, so for the same rows in the same order
+// they produce bitwise identical output (checked by the tests and the benchmark).
+//
+// Measured on one H200 (bench/ds4_attention_bench.cu, B=64, H=64, 43 layers, graph replay):
+// C4 ~42 us/layer, C128 ~40, C1 ~20 for paged-direct -- 5-7x the physical bound, ~18x faster than
+// the PyTorch baseline. The tile loop is the limit (the L2-warm workspace variant is as slow): one
+// CTA per SM (217 KB smem), four block barriers per tile and no overlap of S, softmax, P V and
+// dequantization. Next steps: FlashMLA-style ping-pong warpgroups / 2-CTA K sharing.
 #include <graphsafe/ds4/kernels.hpp>
 
 #include "cuda_support.cuh"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 namespace graphsafe::ds4::cuda {
 namespace {
 
 using namespace detail;
+namespace cg = cooperative_groups;
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
+constexpr int kRowGroups = 4;  // S warps per head group (16 rows each)
 constexpr int kTileRows = 64;
 constexpr int kGroupHeads = 64;
 constexpr int kQStride = kHeadDim + 8;        // bf16 elements per smem row (1040 B: conflict-free ldmatrix)
@@ -38,7 +63,7 @@ constexpr int kQBytes = kGroupHeads * kQStride * 2;        // 66560
 constexpr int kKBytes = kTileRows * kQStride * 2;          // 66560
 constexpr int kPBytes = kGroupHeads * kPStride * 2;        // 9216
 constexpr int kRawBytes = kTileRows * kRawStride;          // 37888
-constexpr int kMiscBytes = 3 * 2 * 64 * 4;                 // red, lsum, vld
+constexpr int kMiscBytes = (2 * kRowGroups + 2) * 64 * 4;   // red[4][64], lsum[4][64], vld[2][64]
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <bool kPaged>
@@ -65,6 +90,7 @@ struct KParams {
   long long ws_rows;
   const std::int32_t *idx, *lens;
   int width;
+  int cluster;       // wgmma kernel: 1 = the splits of a (request, head group) form a cluster
 };
 
 template <bool kPaged>
@@ -75,9 +101,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
   constexpr int kKTotal = kPaged ? kKBytes : 2 * kKBytes;
   std::uint16_t* Ps = reinterpret_cast<std::uint16_t*>(smem + kQBytes + kKTotal);
   std::uint8_t* Raw = smem + kQBytes + kKTotal + kPBytes;  // paged only
-  float* red = reinterpret_cast<float*>(smem + smem_bytes<kPaged>() - kMiscBytes);  // [2][64]
-  float* lsum = red + 128;                                                          // [2][64]
-  int* vld = reinterpret_cast<int*>(lsum + 128);                                    // [2][64]
+  float* red = reinterpret_cast<float*>(smem + smem_bytes<kPaged>() - kMiscBytes);  // [4][64]
+  float* lsum = red + kRowGroups * 64;                                              // [4][64]
+  int* vld = reinterpret_cast<int*>(lsum + kRowGroups * 64);                        // [2][64]
 
   const int split = blockIdx.x, b = blockIdx.y, head0 = blockIdx.z * kGroupHeads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -114,9 +140,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
     }
   }
 
-  // ---- tile loader: warp w loads rows 8w .. 8w+7 of tile t into stage st
+  // ---- tile loader: warp w loads rows 4w .. 4w+3 of tile t into stage st
   auto issue_tile = [&](int t, int st) {
-    const int r = warp * 8 + (lane & 7);
+    const int r = warp * 4 + (lane & 3);
     const int i = t * kTileRows + r;
     bool valid = false;
     if constexpr (kPaged) {
@@ -131,16 +157,16 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
         valid = p.swa.valid(slot);
         if (valid) { dptr = p.swa.data(slot); sptr = p.swa.scales(slot); }
       }
-      if (lane < 8) vld[st * 64 + r] = valid ? 1 : 0;
+      if (lane < 4) vld[st * 64 + r] = valid ? 1 : 0;
       std::uint8_t* raw = Raw + st * kRawBytes;
 #pragma unroll
-      for (int rr = 0; rr < 8; ++rr) {
+      for (int rr = 0; rr < 4; ++rr) {
         const std::uint8_t* d = reinterpret_cast<const std::uint8_t*>(
             __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(dptr), rr));
         const std::uint8_t* s = reinterpret_cast<const std::uint8_t*>(
             __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(sptr), rr));
         const bool v = __shfl_sync(0xffffffffu, valid ? 1 : 0, rr) != 0;
-        std::uint8_t* dst = raw + (warp * 8 + rr) * kRawStride;
+        std::uint8_t* dst = raw + (warp * 4 + rr) * kRawStride;
         cp_async16(dst + lane * 16, d + lane * 16, v);
         if (lane < 4) cp_async16(dst + (32 + lane) * 16, d + (32 + lane) * 16, v);
         else if (lane == 4) cp_async8(dst + kTokenDataBytes, s, v);
@@ -152,14 +178,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
         valid = ix >= 0 && ix < p.ws_rows;
         if (valid) src = p.ws + ix * kHeadDim;
       }
-      if (lane < 8) vld[st * 64 + r] = valid ? 1 : 0;
+      if (lane < 4) vld[st * 64 + r] = valid ? 1 : 0;
       std::uint16_t* kt = Ks + st * (kTileRows * kQStride);
 #pragma unroll
-      for (int rr = 0; rr < 8; ++rr) {
+      for (int rr = 0; rr < 4; ++rr) {
         const std::uint16_t* s = reinterpret_cast<const std::uint16_t*>(
             __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(src), rr));
         const bool v = __shfl_sync(0xffffffffu, valid ? 1 : 0, rr) != 0;
-        std::uint16_t* dst = kt + (warp * 8 + rr) * kQStride;
+        std::uint16_t* dst = kt + (warp * 4 + rr) * kQStride;
         cp_async16(dst + lane * 8, s + lane * 8, v);
         cp_async16(dst + (lane + 32) * 8, s + (lane + 32) * 8, v);
       }
@@ -170,18 +196,19 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
   cp_async_commit();
 
   const int sh = (warp & 3) * 16;   // S: heads sh .. sh+15
-  const int sr = (warp >> 2) * 32;  // S: tile rows sr .. sr+31
-  const int ph = (warp >> 2) * 32;  // PV: heads ph .. ph+31
-  const int pd = (warp & 3) * 128;  // PV: dims pd .. pd+127
+  const int rg = warp >> 2;         // S: row group, tile rows sr .. sr+15
+  const int sr = rg * 16;
+  const int ph = (warp >> 3) * 32;  // PV: heads ph .. ph+31
+  const int pd = (warp & 7) * 64;   // PV: dims pd .. pd+63
   const int qr = lane >> 2, qc = 2 * (lane & 3);
 
   float m_s[2] = {-INFINITY, -INFINITY}, l_s[2] = {0.f, 0.f};
   float m_pv[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-  float o[2][16][4];
+  float o[2][8][4];
 #pragma unroll
   for (int a = 0; a < 2; ++a)
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
+    for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[a][n][e] = 0.f;
 
@@ -196,6 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
     const std::uint16_t* Kt;
     if constexpr (kPaged) {
       const std::uint8_t* raw = Raw + st * kRawBytes;
+#pragma unroll 1
       for (int item = tid; item < kTileRows * 36; item += kThreads) {
         const int r = item / 36, c = item - r * 36;
         const uint4 w = *reinterpret_cast<const uint4*>(raw + r * kRawStride + c * 16);
@@ -221,29 +249,26 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
     const int* vt = vld + st * 64;
 
     // ---- S = Q K^T for heads sh.., rows sr..
-    float sacc[4][4];
+    float sacc[2][4];
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+    for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[n][e] = 0.f;
     {
       const std::uint16_t* qa = Qs + (sh + (lane & 15)) * kQStride + (lane >> 4) * 8;
       const std::uint16_t* kb = Kt + (sr + (lane & 7) + ((lane >> 4) << 3)) * kQStride + ((lane >> 3) & 1) * 8;
-#pragma unroll 8
+#pragma unroll 4
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        std::uint32_t a[4], b0[4], b1[4];
+        std::uint32_t a[4], b0[4];
         ldmatrix_x4(a, qa + kk * 16);
         ldmatrix_x4(b0, kb + kk * 16);
-        ldmatrix_x4(b1, kb + 16 * kQStride + kk * 16);
         mma_bf16(sacc[0], a, b0[0], b0[1]);
         mma_bf16(sacc[1], a, b0[2], b0[3]);
-        mma_bf16(sacc[2], a, b1[0], b1[1]);
-        mma_bf16(sacc[3], a, b1[2], b1[3]);
       }
     }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+    for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = sr + n * 8 + qc + (e & 1);
@@ -257,8 +282,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
       mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
     }
     if ((lane & 3) == 0) {
-      red[(warp >> 2) * 64 + sh + qr] = mx[0];
-      red[(warp >> 2) * 64 + sh + qr + 8] = mx[1];
+      red[rg * 64 + sh + qr] = mx[0];
+      red[rg * 64 + sh + qr + 8] = mx[1];
     }
     __syncthreads();
 
@@ -266,13 +291,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int h = sh + qr + 8 * j;
-      const float mn = fmaxf(m_s[j], fmaxf(red[h], red[64 + h]));
+      const float mn = fmaxf(m_s[j], fmaxf(fmaxf(red[h], red[64 + h]), fmaxf(red[128 + h], red[192 + h])));
       const float mu = mn == -INFINITY ? 0.f : mn;
       l_s[j] *= exp2f(m_s[j] - mu);
       m_s[j] = mn;
       float sum = 0.f;
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
+      for (int n = 0; n < 2; ++n) {
         const float p0 = exp2f(sacc[n][2 * j] - mu), p1 = exp2f(sacc[n][2 * j + 1] - mu);
         sum += p0 + p1;
         *reinterpret_cast<std::uint32_t*>(Ps + h * kPStride + sr + n * 8 + qc) = pack_bf16x2(p0, p1);
@@ -285,12 +310,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int h = ph + a * 16 + qr + 8 * j;
-        const float mn = fmaxf(m_pv[2 * a + j], fmaxf(red[h], red[64 + h]));
+        const float mn = fmaxf(m_pv[2 * a + j], fmaxf(fmaxf(red[h], red[64 + h]), fmaxf(red[128 + h], red[192 + h])));
         const float mu = mn == -INFINITY ? 0.f : mn;
         const float alpha = exp2f(m_pv[2 * a + j] - mu);
         m_pv[2 * a + j] = mn;
 #pragma unroll
-        for (int n = 0; n < 16; ++n) {
+        for (int n = 0; n < 8; ++n) {
           o[a][n][2 * j] *= alpha;
           o[a][n][2 * j + 1] *= alpha;
         }
@@ -305,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
       ldmatrix_x4(a1, Ps + (ph + 16 + (lane & 15)) * kPStride + ks * 16 + (lane >> 4) * 8);
       const std::uint16_t* vb = Kt + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kQStride + pd + (lane >> 4) * 8;
 #pragma unroll
-      for (int np = 0; np < 8; ++np) {
+      for (int np = 0; np < 4; ++np) {
         std::uint32_t bb[4];
         ldmatrix_x4_trans(bb, vb + np * 16);
         mma_bf16(o[0][2 * np], a0, bb[0], bb[1]);
@@ -322,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
     float l = l_s[j];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if ((lane & 3) == 0) lsum[(warp >> 2) * 64 + sh + qr + 8 * j] = l;
+    if ((lane & 3) == 0) lsum[rg * 64 + sh + qr + 8 * j] = l;
   }
   __syncthreads();
 
@@ -331,7 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int h = ph + a * 16 + qr + 8 * j;
-      const float l = lsum[h] + lsum[64 + h];
+      const float l = (lsum[h] + lsum[64 + h]) + (lsum[128 + h] + lsum[192 + h]);
       const float m = m_pv[2 * a + j];
       if (p.splits == 1) {
         float inv = 0.f;
@@ -341,20 +366,421 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
         }
         std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + pd + qc;
 #pragma unroll
-        for (int n = 0; n < 16; ++n)
+        for (int n = 0; n < 8; ++n)
           *reinterpret_cast<std::uint32_t*>(orow + n * 8) =
               pack_bf16x2(o[a][n][2 * j] * inv, o[a][n][2 * j + 1] * inv);
       } else {
         float* orow = p.part_o + (part + h) * kHeadDim + pd + qc;
 #pragma unroll
-        for (int n = 0; n < 16; ++n)
+        for (int n = 0; n < 8; ++n)
           *reinterpret_cast<float2*>(orow + n * 8) = make_float2(o[a][n][2 * j], o[a][n][2 * j + 1]);
-        if ((warp & 3) == 0 && (lane & 3) == 0) {
+        if ((warp & 7) == 0 && (lane & 3) == 0) {
           p.part_ml[(part + h) * 2 + 0] = m;
           p.part_ml[(part + h) * 2 + 1] = l;
         }
       }
     }
+}
+
+// ================================================================================================
+// wgmma variant (default on sm_90a). Same CTA/tile structure and the same row order, numerics
+// (bf16 operands, fp32 accumulation, bf16 P, base-2 online softmax) and split/combine protocol as the
+// mma.sync kernel above, but the two products run on Hopper's warpgroup MMA from shared memory:
+//   4 warpgroups; warpgroup g computes S[:, 16g..16g+15] = Q K^T with 32 x wgmma m64n16k16
+//   (A = Q, B = K tile rows, both K-major) and O[:, 128g..128g+127] += P V with 4 x wgmma m64n128k16
+//   (A = P, B = the same K tile read MN-major). Q, K and P live in the no-swizzle canonical layout:
+//   8-row x 16-byte core matrices, element (r, k) at (r/8)*SBO + (k/8)*128 + (r%8)*16 + (k%8)*2.
+// Each warp owns 16 heads in both products, so the running max / sum live in the same threads.
+constexpr int kWgThreads = 512;
+constexpr int kWgQBytes = kGroupHeads * kHeadDim * 2;  // 65536
+constexpr int kWgKBytes = kTileRows * kHeadDim * 2;    // 65536
+constexpr int kWgPBytes = kGroupHeads * kTileRows * 2; // 8192
+constexpr int kWgRowSbo = (kHeadDim / 8) * 128;        // 8192: next 8 rows of Q / K
+constexpr int kWgPSbo = (kTileRows / 8) * 128;         // 1024: next 8 heads of P
+constexpr int kWgMiscBytes = (2 * kRowGroups + 2) * 64 * 4;
+
+template <bool kPaged>
+__host__ __device__ constexpr int wg_smem_bytes() {
+  return kWgQBytes + (kPaged ? kWgKBytes + 2 * kRawBytes : 2 * kWgKBytes) + kWgPBytes + kWgMiscBytes;
+}
+static_assert(wg_smem_bytes<true>() <= 227 * 1024, "paged wgmma attention smem over the sm_90 limit");
+static_assert(wg_smem_bytes<false>() <= 227 * 1024, "workspace wgmma attention smem over the sm_90 limit");
+
+__device__ __forceinline__ int blk16(int r, int kc) {  // byte offset of 16-byte chunk kc of row r
+  return (r >> 3) * kWgRowSbo + kc * 128 + (r & 7) * 16;
+}
+
+template <bool kPaged>
+__global__ void __launch_bounds__(kWgThreads, 1) sparse_attention_wgmma_kernel(const KParams p) {
+  extern __shared__ __align__(128) std::uint8_t smem[];
+  std::uint8_t* Qs = smem;
+  std::uint8_t* Ks = smem + kWgQBytes;
+  constexpr int kKTotal = kPaged ? kWgKBytes : 2 * kWgKBytes;
+  std::uint8_t* Ps = smem + kWgQBytes + kKTotal;
+  std::uint8_t* Raw = Ps + kWgPBytes;  // paged only
+  float* red = reinterpret_cast<float*>(smem + wg_smem_bytes<kPaged>() - kWgMiscBytes);  // [4][64]
+  float* lsum = red + kRowGroups * 64;                                                   // [4][64]
+  int* vld = reinterpret_cast<int*>(lsum + kRowGroups * 64);                             // [2][64]
+
+  const int split = blockIdx.x, b = blockIdx.y, head0 = blockIdx.z * kGroupHeads;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  int n_cmp = 0, T = 0;
+  if constexpr (kPaged) {
+    if (p.cmp_idx != nullptr) n_cmp = min(max(p.cmp_lens[b], 0), p.cmp_width);
+    T = n_cmp + min(max(p.swa_lens[b], 0), p.swa_width);
+  } else {
+    T = min(max(p.lens[b], 0), p.width);
+  }
+  const int ntiles = (T + kTileRows - 1) / kTileRows;
+  const int tps = (ntiles + p.splits - 1) / p.splits;
+  const int t_begin = split * tps, t_end = min(ntiles, t_begin + tps);
+  const long long part = (static_cast<long long>(b) * p.splits + split) * p.H + head0;
+
+  if (t_begin >= t_end && !p.cluster) {
+    if (p.splits == 1) {
+      uint4* o = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0) * kHeadDim);
+      for (int i = tid; i < kGroupHeads * kHeadDim / 8; i += kWgThreads) o[i] = make_uint4(0, 0, 0, 0);
+    } else if (tid < kGroupHeads) {
+      p.part_ml[(part + tid) * 2 + 0] = -INFINITY;
+      p.part_ml[(part + tid) * 2 + 1] = 0.f;
+    }
+    return;
+  }
+
+  // ---- queries -> canonical layout. Warp w: heads 8*(w/2) + lane%8, chunks 32*(w%2) + lane/8 + 4i.
+  if (t_begin < t_end) {
+    const int h = (warp >> 1) * 8 + (lane & 7);
+    const std::uint16_t* qrow = p.q + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int kc = (warp & 1) * 32 + (lane >> 3) + 4 * i;
+      cp_async16(Qs + blk16(h, kc), qrow + kc * 8, true);
+    }
+  }
+
+  // Row r of a tile as seen by this thread's loader lane: paged: warp w loads rows 4w .. 4w+3
+  // (lane % 4); workspace: rows 8*(w/2) + lane % 8. The slot / index of the row is fetched two tiles
+  // ahead (registers), its lines are prefetched into L2 one tile ahead, and cp.async'd one tile ahead.
+  const int my_row = kPaged ? warp * 4 + (lane & 3) : (warp >> 1) * 8 + (lane & 7);
+  auto fetch_slot = [&](int t) -> long long {  // -1: no row
+    const int i = t * kTileRows + my_row;
+    if (t >= t_end || i >= T) return -1;
+    if constexpr (kPaged) {
+      return i < n_cmp ? p.cmp_idx[static_cast<long long>(b) * p.cmp_width + i]
+                       : p.swa_idx[static_cast<long long>(b) * p.swa_width + (i - n_cmp)];
+    } else {
+      return p.idx[static_cast<long long>(b) * p.width + i];
+    }
+  };
+  auto l2_prefetch = [&](int t, long long slot) {
+    if (slot < 0) return;
+    if constexpr (kPaged) {
+      const int i = t * kTileRows + my_row;
+      const CacheView& cv = i < n_cmp ? p.cmp : p.swa;
+      if (!cv.valid(slot)) return;
+      const int line = lane >> 2;  // 0..7: data lines 0..4 (576 B from a 64-B boundary), scales
+      if (line < 5) asm volatile("prefetch.global.L2 [%0];" ::"l"(cv.data(slot) + line * 128));
+      else if (line == 5) asm volatile("prefetch.global.L2 [%0];" ::"l"(cv.scales(slot)));
+    } else {
+      if (slot >= p.ws_rows) return;
+      const std::uint8_t* row = reinterpret_cast<const std::uint8_t*>(p.ws + slot * kHeadDim);
+      const int line = (warp & 1) * 4 + (lane >> 3);  // 8 lines of 128 B per 1-KB row
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(row + line * 128));
+    }
+  };
+  auto issue_tile = [&](int t, int st, long long slot) {
+    const int r = my_row;
+    const int i = t * kTileRows + r;
+    if constexpr (kPaged) {
+      bool valid = false;
+      const std::uint8_t* dptr = p.swa.base;
+      const std::uint8_t* sptr = p.swa.base;
+      if (slot >= 0) {
+        const CacheView& cv = i < n_cmp ? p.cmp : p.swa;
+        valid = cv.valid(slot);
+        if (valid) { dptr = cv.data(slot); sptr = cv.scales(slot); }
+      }
+      if (lane < 4) vld[st * 64 + r] = valid ? 1 : 0;
+      std::uint8_t* raw = Raw + st * kRawBytes;
+#pragma unroll
+      for (int rr = 0; rr < 4; ++rr) {
+        const std::uint8_t* d = reinterpret_cast<const std::uint8_t*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(dptr), rr));
+        const std::uint8_t* sc = reinterpret_cast<const std::uint8_t*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(sptr), rr));
+        const bool v = __shfl_sync(0xffffffffu, valid ? 1 : 0, rr) != 0;
+        std::uint8_t* dst = raw + (warp * 4 + rr) * kRawStride;
+        cp_async16(dst + lane * 16, d + lane * 16, v);
+        if (lane < 4) cp_async16(dst + (32 + lane) * 16, d + (32 + lane) * 16, v);
+        else if (lane == 4) cp_async8(dst + kTokenDataBytes, sc, v);
+      }
+    } else {
+      (void)i;
+      const bool valid = slot >= 0 && slot < p.ws_rows;
+      const std::uint16_t* src = valid ? p.ws + slot * kHeadDim : p.ws;
+      if ((warp & 1) == 0 && lane < 8) vld[st * 64 + r] = valid ? 1 : 0;
+      std::uint8_t* kt = Ks + st * kWgKBytes;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const int kc = (warp & 1) * 32 + (lane >> 3) + 4 * c;
+        cp_async16(kt + blk16(r, kc), src + kc * 8, valid);
+      }
+    }
+  };
+
+  long long slot_next = -1, slot_next2 = -1;
+  if (t_begin < t_end) {
+    issue_tile(t_begin, 0, fetch_slot(t_begin));
+    cp_async_commit();
+    slot_next = fetch_slot(t_begin + 1);
+    slot_next2 = fetch_slot(t_begin + 2);
+    l2_prefetch(t_begin + 1, slot_next);
+  }
+
+  const int g = warp >> 2;           // warpgroup: S rows 16g.., O dims 128g..
+  const int w4 = warp & 3;           // warp in warpgroup: heads 16*w4 ..
+  const int qr = lane >> 2, qc = 2 * (lane & 3);
+  const int hrow[2] = {16 * w4 + qr, 16 * w4 + qr + 8};
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[64];
+#pragma unroll
+  for (int e = 0; e < 64; ++e) o[e] = 0.f;
+
+
+  for (int t = t_begin; t < t_end; ++t) {
+    const int st = (t - t_begin) & 1;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // tile t (and Q) landed; every warp is done with tile t-1
+    if (t + 1 < t_end) {
+      issue_tile(t + 1, st ^ 1, slot_next);
+      cp_async_commit();
+      l2_prefetch(t + 2, slot_next2);
+      slot_next = slot_next2;
+      slot_next2 = fetch_slot(t + 3);
+    }
+    const std::uint8_t* Kt;
+    if constexpr (kPaged) {
+      const std::uint8_t* raw = Raw + st * kRawBytes;
+#pragma unroll 1
+      for (int item = tid; item < kTileRows * 36; item += kWgThreads) {
+        const int rest = item >> 3;
+        const int c = rest % 36;
+        const int r = (rest / 36) * 8 + (item & 7);
+        const uint4 w = *reinterpret_cast<const uint4*>(raw + r * kRawStride + c * 16);
+        if (c < 28) {
+          const float sc = ue8m0_to_float(raw[r * kRawStride + kTokenDataBytes + (c >> 2)]);
+          uint4 lo, hi;
+          dequant4(w.x, sc, lo.x, lo.y);
+          dequant4(w.y, sc, lo.z, lo.w);
+          dequant4(w.z, sc, hi.x, hi.y);
+          dequant4(w.w, sc, hi.z, hi.w);
+          *reinterpret_cast<uint4*>(Ks + blk16(r, 2 * c)) = lo;
+          *reinterpret_cast<uint4*>(Ks + blk16(r, 2 * c + 1)) = hi;
+        } else {
+          *reinterpret_cast<uint4*>(Ks + blk16(r, 56 + (c - 28))) = w;
+        }
+      }
+      fence_proxy_async();
+      __syncthreads();
+      Kt = Ks;
+    } else {
+      Kt = Ks + st * kWgKBytes;
+    }
+    const int* vt = vld + st * 64;
+
+    // ---- S[:, 16g .. 16g+15] = Q K^T
+    float sacc[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sacc[e] = 0.f;
+    {
+      const std::uint64_t k_desc = launder(wgmma_desc(Kt + g * 2 * kWgRowSbo, 128, kWgRowSbo));
+      const std::uint64_t q_desc = launder(wgmma_desc(Qs, 128, kWgRowSbo));
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk)
+        wgmma_m64n16k16(sacc, q_desc + kk * 16, k_desc + kk * 16, kk > 0 ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+    }
+    const int sr = g * 16;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = sr + n * 8 + qc + (e & 1);
+        const float sv = vt[col] ? sacc[4 * n + e] * p.scale_log2 : -INFINITY;
+        sacc[4 * n + e] = sv;
+        mx[e >> 1] = fmaxf(mx[e >> 1], sv);
+      }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
+      mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
+    }
+    if ((lane & 3) == 0) {
+      red[g * 64 + hrow[0]] = mx[0];
+      red[g * 64 + hrow[1]] = mx[1];
+    }
+    __syncthreads();
+
+    float alpha[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int h = hrow[j];
+      const float mn = fmaxf(m[j], fmaxf(fmaxf(red[h], red[64 + h]), fmaxf(red[128 + h], red[192 + h])));
+      const float mu = mn == -INFINITY ? 0.f : mn;
+      alpha[j] = exp2f(m[j] - mu);
+      l[j] *= alpha[j];
+      m[j] = mn;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const float p0 = exp2f(sacc[4 * n + 2 * j] - mu), p1 = exp2f(sacc[4 * n + 2 * j + 1] - mu);
+        sum += p0 + p1;
+        const int r = sr + n * 8 + qc;  // even
+        *reinterpret_cast<std::uint32_t*>(Ps + (h >> 3) * kWgPSbo + (r >> 3) * 128 + (h & 7) * 16 + (r & 7) * 2) =
+            pack_bf16x2(p0, p1);
+      }
+      l[j] += sum;
+    }
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      o[4 * n + 0] *= alpha[0];
+      o[4 * n + 1] *= alpha[0];
+      o[4 * n + 2] *= alpha[1];
+      o[4 * n + 3] *= alpha[1];
+    }
+    fence_proxy_async();
+    __syncthreads();
+
+    // ---- O[:, 128g .. 128g+127] += P V
+    {
+      const std::uint64_t v_desc = launder(wgmma_desc(Kt + g * 16 * 128, kWgRowSbo, 128));
+      const std::uint64_t p_desc = launder(wgmma_desc(Ps, 128, kWgPSbo));
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kTileRows / 16; ++ks)
+        wgmma_m64n128k16_tb(o, p_desc + ks * 16, v_desc + ks * ((2 * kWgRowSbo) >> 4));
+      wgmma_commit();
+      wgmma_wait<0>();
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    float lj = l[j];
+    lj += __shfl_xor_sync(0xffffffffu, lj, 1);
+    lj += __shfl_xor_sync(0xffffffffu, lj, 2);
+    if ((lane & 3) == 0) lsum[g * 64 + hrow[j]] = lj;
+  }
+  __syncthreads();
+
+  float lt[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int h = hrow[j];
+    lt[j] = (lsum[h] + lsum[64 + h]) + (lsum[128 + h] + lsum[192 + h]);
+  }
+
+  if (p.cluster) {
+    // Split-K merge inside the thread-block cluster (one cluster = the splits of one (request, head
+    // group)): ranks > 0 park (m, l, O) in their own shared memory, rank 0 reads them over DSMEM and
+    // merges in rank order -- the same arithmetic as combine_splits_kernel, no global scratch.
+    cg::cluster_group cluster = cg::this_cluster();
+    const unsigned rank = cluster.block_rank();
+    float4* park = reinterpret_cast<float4*>(smem);          // [16][512] float4 = 128 KB (Q + K area)
+    float* ml = red;                                          // [64][2]
+    __syncthreads();                                          // everyone is done with red / Q / K
+    if (rank != 0) {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) park[e * kWgThreads + tid] = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
+      if (g == 0 && (lane & 3) == 0) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) { ml[hrow[j] * 2] = m[j]; ml[hrow[j] * 2 + 1] = lt[j]; }
+      }
+    }
+    cluster.sync();
+    if (rank == 0) {
+      const int nr = static_cast<int>(cluster.num_blocks());
+      float M[2], L[2] = {0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 2; ++j) M[j] = lt[j] > 0.f ? m[j] : -INFINITY;
+      for (int r = 1; r < nr; ++r) {
+        const float* rml = cluster.map_shared_rank(ml, r);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          if (rml[hrow[j] * 2 + 1] > 0.f) M[j] = fmaxf(M[j], rml[hrow[j] * 2]);
+      }
+      float w0[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        w0[j] = lt[j] > 0.f ? exp2f(m[j] - M[j]) : 0.f;
+        L[j] = lt[j] > 0.f ? lt[j] * w0[j] : 0.f;  // 0 + l*w, as the combine kernel
+      }
+#pragma unroll
+      for (int e = 0; e < 64; ++e) o[e] = lt[(e >> 1) & 1] > 0.f ? o[e] * w0[(e >> 1) & 1] : 0.f;
+      for (int r = 1; r < nr; ++r) {
+        const float* rml = cluster.map_shared_rank(ml, r);
+        const float4* rpark = cluster.map_shared_rank(park, r);
+        float w[2];
+        bool use[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float l = rml[hrow[j] * 2 + 1];
+          use[j] = l > 0.f;
+          w[j] = use[j] ? exp2f(rml[hrow[j] * 2] - M[j]) : 0.f;
+          if (use[j]) L[j] += l * w[j];
+        }
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+          const float4 v = rpark[e * kWgThreads + tid];
+          if (use[0]) { o[4 * e] += v.x * w[0]; o[4 * e + 1] += v.y * w[0]; }
+          if (use[1]) { o[4 * e + 2] += v.z * w[1]; o[4 * e + 3] += v.w * w[1]; }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int h = hrow[j];
+        float inv = 0.f;
+        if (L[j] > 0.f) inv = 1.f / (L[j] + (p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - M[j]) : 0.f));
+        std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + g * 128 + qc;
+#pragma unroll
+        for (int n = 0; n < 16; ++n)
+          *reinterpret_cast<std::uint32_t*>(orow + n * 8) = pack_bf16x2(o[4 * n + 2 * j] * inv, o[4 * n + 2 * j + 1] * inv);
+      }
+    }
+    cluster.sync();  // keep every rank's shared memory alive until rank 0 has read it
+    return;
+  }
+
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int h = hrow[j];
+    if (p.splits == 1) {
+      float inv = 0.f;
+      if (lt[j] > 0.f) {
+        const float sterm = p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - m[j]) : 0.f;
+        inv = 1.f / (lt[j] + sterm);
+      }
+      std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + g * 128 + qc;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+        *reinterpret_cast<std::uint32_t*>(orow + n * 8) = pack_bf16x2(o[4 * n + 2 * j] * inv, o[4 * n + 2 * j + 1] * inv);
+    } else {
+      float* orow = p.part_o + (part + h) * kHeadDim + g * 128 + qc;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+        *reinterpret_cast<float2*>(orow + n * 8) = make_float2(o[4 * n + 2 * j], o[4 * n + 2 * j + 1]);
+      if (g == 0 && (lane & 3) == 0) {
+        p.part_ml[(part + h) * 2 + 0] = m[j];
+        p.part_ml[(part + h) * 2 + 1] = lt[j];
+      }
+    }
+  }
 }
 
 // Merge the splits of one (request, head): 128 threads x 4 dims, splits in index order.
@@ -389,6 +815,38 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const float* part_o
   reinterpret_cast<uint2*>(out + (static_cast<long long>(b) * H + h) * kHeadDim)[threadIdx.x] = r;
 }
 
+// Which tile engine runs: wgmma (default) or the mma.sync fallback, chosen once per process by
+// GRAPHSAFE_DS4_ATTENTION=mma_sync|wgmma.
+// wgmma needs sm_90a machine code, i.e. a compute capability 9.x device.
+bool use_wgmma() {
+  static const bool env_ok = [] {
+    const char* e = std::getenv("GRAPHSAFE_DS4_ATTENTION");
+    return !(e != nullptr && std::string(e) == "mma_sync");
+  }();
+  static int major[64] = {};
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  int& m = major[dev & 63];
+  if (m == 0)
+    check_cuda(cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev),
+               "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+  return env_ok && m == 9;
+}
+
+bool& cluster_refused() {
+  static bool v = false;
+  return v;
+}
+// Split-K merge through a thread-block cluster (default) or the scratch + combine kernel
+// (GRAPHSAFE_DS4_CLUSTER=0, or when a cluster launch was refused).
+bool use_cluster() {
+  static const bool v = [] {
+    const char* e = std::getenv("GRAPHSAFE_DS4_CLUSTER");
+    return !(e != nullptr && std::string(e) == "0");
+  }();
+  return v && !cluster_refused();
+}
+
 template <bool kPaged>
 void set_smem_attribute() {
   static std::once_flag once[64];
@@ -398,6 +856,9 @@ void set_smem_attribute() {
     check_cuda(cudaFuncSetAttribute(sparse_attention_kernel<kPaged>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kPaged>()),
                "cudaFuncSetAttribute(sparse_attention, max dynamic smem)");
+    check_cuda(cudaFuncSetAttribute(sparse_attention_wgmma_kernel<kPaged>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, wg_smem_bytes<kPaged>()),
+               "cudaFuncSetAttribute(sparse_attention_wgmma, max dynamic smem)");
   });
 }
 
@@ -426,7 +887,37 @@ void launch(KParams& kp, const AttentionCommon& c, cudaStream_t stream, const ch
                    : nullptr;
   set_smem_attribute<kPaged>();
   const dim3 grid(c.splits, c.batch, c.heads / kGroupHeads);
-  sparse_attention_kernel<kPaged><<<grid, kThreads, smem_bytes<kPaged>(), stream>>>(kp);
+  kp.cluster = 0;
+  if (use_wgmma()) {
+    if (c.splits > 1 && c.splits <= 8 && use_cluster()) {
+      // The splits of one (request, head group) form a cluster and merge over DSMEM (no scratch
+      // traffic, no second kernel). If the device refuses the cluster shape, fall back for good.
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = grid;
+      cfg.blockDim = dim3(kWgThreads);
+      cfg.dynamicSmemBytes = wg_smem_bytes<kPaged>();
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = static_cast<unsigned>(c.splits);
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      kp.cluster = 1;
+      const cudaError_t err = cudaLaunchKernelEx(&cfg, sparse_attention_wgmma_kernel<kPaged>, kp);
+      if (err == cudaSuccess) {
+        check_launch(name);
+        return;
+      }
+      (void)cudaGetLastError();
+      cluster_refused() = true;
+      kp.cluster = 0;
+    }
+    sparse_attention_wgmma_kernel<kPaged><<<grid, kWgThreads, wg_smem_bytes<kPaged>(), stream>>>(kp);
+  } else {
+    sparse_attention_kernel<kPaged><<<grid, kThreads, smem_bytes<kPaged>(), stream>>>(kp);
+  }
   check_launch(name);
   if (c.splits > 1) {
     combine_splits_kernel<<<c.batch * c.heads, 128, 0, stream>>>(kp.part_o, kp.part_ml, c.sink, c.out,
