@@ -8,7 +8,9 @@
 #   OUT=/tmp/out bash bench/run_gpu_suite.sh
 #
 # Knobs (environment): BUILD_DIR (build), JOBS (16), SANITIZER_TIMEOUT (s per run, 110),
-# BENCH_TIMEOUT (s per benchmark, 180), GRAPHSAFE_TEST_CYCLES under the sanitizers (100).
+# BENCH_TIMEOUT (s per benchmark, 180), GRAPHSAFE_TEST_CYCLES under the sanitizers (100),
+# STAGES (words among: build ctest sanitize bench; default all of them), SANITIZE_FILTER (regex on
+# test executable names, default all).
 set -u
 set -o pipefail
 
@@ -20,6 +22,9 @@ SANITIZER_TIMEOUT=${SANITIZER_TIMEOUT:-110}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-180}
 SAN_CYCLES=${SAN_CYCLES:-100}
 T0=$(date +%s)
+STAGES=${STAGES:-build ctest sanitize bench}
+SANITIZE_FILTER=${SANITIZE_FILTER:-.}
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 declare -a SUMMARY=()
 FAILED=0
@@ -70,7 +75,7 @@ if [ $CONF_RC -ne 0 ]; then
 else
   record ok "configure"
 fi
-if [ $CONF_RC -eq 0 ]; then
+if [ $CONF_RC -eq 0 ] && stage build; then
   if cmake --build "$BUILD_DIR" -j"$JOBS" >"$OUT/build.log" 2>&1; then
     record ok "build"
   else
@@ -82,7 +87,7 @@ if [ $CONF_RC -eq 0 ]; then
 fi
 
 # ---- ctest ------------------------------------------------------------------------------------------
-if [ -d "$BUILD_DIR" ]; then
+if [ -d "$BUILD_DIR" ] && stage ctest; then
   banner "ctest: CPU tests (parallel)"
   (cd "$BUILD_DIR" && ctest -LE gpu -j"$JOBS" --output-on-failure --timeout 300) 2>&1 | tee "$OUT/ctest.log"
   if [ "${PIPESTATUS[0]}" -eq 0 ]; then record ok "ctest cpu"; else record FAIL "ctest cpu (see ctest.log)"; fi
@@ -100,13 +105,16 @@ GPU_TESTS=()
 if [ -d "$BUILD_DIR/tests/gpu" ]; then
   while IFS= read -r f; do GPU_TESTS+=("$f"); done < <(find "$BUILD_DIR/tests/gpu" -maxdepth 1 -type f -executable -name 'test_*' | sort)
 fi
-if [ -z "$SANITIZER" ]; then
+if ! stage sanitize; then
+  :
+elif [ -z "$SANITIZER" ]; then
   record FAIL "compute-sanitizer not found"
 elif [ ${#GPU_TESTS[@]} -eq 0 ]; then
   record FAIL "no GPU test executables under $BUILD_DIR/tests/gpu"
 else
   for exe in "${GPU_TESTS[@]}"; do
     name=$(basename "$exe")
+    [[ "$name" =~ $SANITIZE_FILTER ]] || continue
     for tool in memcheck racecheck; do
       banner "compute-sanitizer --tool $tool $name"
       log="$OUT/$name.$tool.log"
@@ -126,10 +134,10 @@ fi
 
 # ---- benchmarks ----------------------------------------------------------------------------------------
 BENCHES=()
-if [ -d "$BUILD_DIR/bench" ]; then
+if [ -d "$BUILD_DIR/bench" ] && stage bench; then
   while IFS= read -r f; do BENCHES+=("$f"); done < <(find "$BUILD_DIR/bench" -maxdepth 1 -type f -executable | sort)
 fi
-if [ ${#BENCHES[@]} -eq 0 ]; then
+if [ ${#BENCHES[@]} -eq 0 ] && stage bench; then
   record FAIL "no benchmark executables under $BUILD_DIR/bench"
 fi
 for exe in "${BENCHES[@]}"; do
