@@ -3,15 +3,17 @@
 namespace graphsafe {
 
 SizingDecision ExactAtCapture::size(std::string_view /*request*/, const Extent& need, const Bindings& b,
-                                    bool /*capturing*/) const {
-  const std::int64_t count = need.evaluate(b);
-  const auto dyn = need.dynamic_symbols();
-  std::string note = "exact need " + need.to_string() + " = " + std::to_string(count);
-  if (!dyn.empty()) {
-    note += " at ";
-    for (std::size_t i = 0; i < dyn.size(); ++i) note += (i ? ", " : "") + b.describe(dyn[i]);
+                                    bool capturing) const {
+  SizingDecision d{need.evaluate(b), need.is_static(), {}};
+  if (capturing) {  // the note names the values the size was frozen at
+    const auto dyn = need.dynamic_symbols();
+    d.note = "exact need " + need.to_string() + " = " + std::to_string(d.count);
+    if (!dyn.empty()) {
+      d.note += " at ";
+      for (std::size_t i = 0; i < dyn.size(); ++i) d.note += (i ? ", " : "") + b.describe(dyn[i]);
+    }
   }
-  return {count, dyn.empty(), std::move(note)};
+  return d;
 }
 
 }  // namespace graphsafe

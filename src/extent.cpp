@@ -14,6 +14,14 @@ struct ExtentNode {
   std::int64_t value = 0;   // constant
   std::uint32_t sym = 0;    // symbol / element / batch of sum & max_over
   std::shared_ptr<const ExtentNode> a, b;  // operands (body in a for sum / max_over)
+  // Facts about the symbol, copied at construction so evaluation never touches the registry
+  // (symbols are immutable): dynamic?, capacity (-1: none), and a fold's batch-length symbol.
+  bool dyn = false;
+  std::int64_t cap = -1;
+  std::uint32_t len = 0;
+  bool mono_body = false;  // max_over: body monotone, so max_b f(x_b) = f(max_b x_b)
+
+  static Symbol symbol(std::uint32_t id) { return Symbol(id); }
 
   static Extent make(ExtentNode n) { return Extent(std::make_shared<const ExtentNode>(std::move(n))); }
   static const std::shared_ptr<const ExtentNode>& ptr(const Extent& e) { return e.node_; }
@@ -46,13 +54,13 @@ std::int64_t ceil_div_checked(std::int64_t x, std::int64_t y) {
   return x / y + (x % y != 0 ? 1 : 0);
 }
 
-Symbol sym_of(std::uint32_t id) { return Symbol::from_id(id); }
+Symbol sym_of(std::uint32_t id) { return ExtentNode::symbol(id); }
 
-std::size_t batch_length(const Bindings& b, Symbol batch, std::span<const std::int64_t> v) {
-  const auto len = b.value(batch.length());
+std::size_t batch_length(const Bindings& b, Symbol batch, Symbol length, std::span<const std::int64_t> v) {
+  const auto len = b.value(length);
   if (static_cast<std::int64_t>(v.size()) != len)
     throw invalid_argument_error("graphsafe: batch symbol '" + batch.name() + "' has " + std::to_string(v.size()) +
-                                 " values but its length '" + batch.length().name() + "' is " + std::to_string(len) +
+                                 " values but its length '" + length.name() + "' is " + std::to_string(len) +
                                  "; bind one value per request (pad inactive requests with 0)");
   return v.size();
 }
@@ -64,8 +72,8 @@ std::int64_t eval(const ExtentNode& n, const Bindings& b, Mode mode, const std::
     case Op::constant: return n.value;
     case Op::symbol: {
       const Symbol s = sym_of(n.sym);
-      if (mode == Mode::bound && s.is_dynamic()) {
-        if (auto cap = s.capacity()) return *cap;
+      if (mode == Mode::bound && n.dyn) {
+        if (n.cap >= 0) return n.cap;
         throw policy_refusal("graphsafe: dynamic symbol '" + s.name() +
                              "' has no capacity, so no replay-safe bound exists; declare one "
                              "(Symbol::dynamic(\"" + s.name() + "\", capacity)) or use static_query_bound");
@@ -73,9 +81,9 @@ std::int64_t eval(const ExtentNode& n, const Bindings& b, Mode mode, const std::
       return b.value(s);
     }
     case Op::element: {
-      const Symbol s = sym_of(n.sym);
       if (mode == Mode::bound) {
-        if (auto cap = s.capacity()) return *cap;
+        if (n.cap >= 0) return n.cap;
+        const Symbol s = sym_of(n.sym);
         throw policy_refusal("graphsafe: batch symbol '" + s.name() +
                              "' has no capacity, so no replay-safe bound exists; declare one "
                              "(Symbol::batch(\"" + s.name() + "\", length, capacity)) or use static_query_bound");
@@ -101,20 +109,25 @@ std::int64_t eval(const ExtentNode& n, const Bindings& b, Mode mode, const std::
     case Op::sum: {
       const Symbol s = sym_of(n.sym);
       if (mode == Mode::bound) {
-        const std::int64_t len = b.value(s.length());
+        const std::int64_t len = b.value(sym_of(n.len));
         return checked_mul(len, eval(*n.a, b, mode, nullptr), "sum bound");
       }
       auto v = b.values(s);
-      batch_length(b, s, v);
+      batch_length(b, s, sym_of(n.len), v);
       std::int64_t acc = 0;
       for (std::int64_t x : v) acc = checked_add(acc, eval(*n.a, b, mode, &x), "sum");
       return acc;
     }
     case Op::max_over: {
       const Symbol s = sym_of(n.sym);
-      if (mode == Mode::bound) return b.value(s.length()) > 0 ? eval(*n.a, b, mode, nullptr) : 0;
+      if (mode == Mode::bound) return b.value(sym_of(n.len)) > 0 ? eval(*n.a, b, mode, nullptr) : 0;
       auto v = b.values(s);
-      batch_length(b, s, v);
+      batch_length(b, s, sym_of(n.len), v);
+      if (n.mono_body) {  // one evaluation of the body at the largest element
+        if (v.empty()) return 0;
+        const std::int64_t m = *std::max_element(v.begin(), v.end());
+        return std::max<std::int64_t>(0, eval(*n.a, b, mode, &m));
+      }
       std::int64_t acc = 0;
       for (std::int64_t x : v) acc = std::max(acc, eval(*n.a, b, mode, &x));
       return acc;
@@ -134,7 +147,7 @@ void collect(const ExtentNode& n, std::vector<std::uint32_t>& out) {
     case Op::sum:
     case Op::max_over:
       push(n.sym);
-      push(sym_of(n.sym).length().id());
+      push(n.len);
       collect(*n.a, out);
       return;
     default:
@@ -146,7 +159,7 @@ void collect(const ExtentNode& n, std::vector<std::uint32_t>& out) {
 bool depends_on_dynamic(const ExtentNode& n) {
   switch (n.op) {
     case Op::constant: return false;
-    case Op::symbol: return sym_of(n.sym).is_dynamic();
+    case Op::symbol: return n.dyn;
     case Op::element: return true;
     case Op::sum:
     case Op::max_over: return true;
@@ -217,7 +230,10 @@ Extent::Extent(Symbol s) {
   if (s.kind() == SymbolKind::batch)
     throw invalid_argument_error("graphsafe: batch symbol '" + s.name() +
                                  "' has one value per request; use sum_over or max_over to fold it");
-  *this = ExtentNode::make({Op::symbol, 0, s.id(), nullptr, nullptr});
+  ExtentNode n{Op::symbol, 0, s.id(), nullptr, nullptr};
+  n.dyn = s.is_dynamic();
+  n.cap = s.capacity().value_or(-1);
+  *this = ExtentNode::make(std::move(n));
 }
 
 namespace {
@@ -232,12 +248,19 @@ Extent fold(Op op, Symbol batch, const std::function<Extent(const Extent&)>& bod
   if (batch.kind() != SymbolKind::batch)
     throw invalid_argument_error("graphsafe: sum_over/max_over need a batch symbol; '" + batch.name() +
                                  "' is a scalar (declare it with Symbol::batch)");
-  const Extent element = ExtentNode::make({Op::element, 0, batch.id(), nullptr, nullptr});
+  ExtentNode e{Op::element, 0, batch.id(), nullptr, nullptr};
+  e.dyn = true;
+  e.cap = batch.capacity().value_or(-1);
+  const Extent element = ExtentNode::make(std::move(e));
   const Extent b = body(element);
   if (contains_fold(b.node()))
     throw invalid_argument_error("graphsafe: nested sum_over/max_over is not supported (batch '" + batch.name() +
                                  "'); fold each batch separately and combine the results");
-  return ExtentNode::make({op, 0, batch.id(), ExtentNode::ptr(b), nullptr});
+  ExtentNode f{op, 0, batch.id(), ExtentNode::ptr(b), nullptr};
+  f.dyn = true;
+  f.len = batch.length().id();
+  f.mono_body = op == Op::max_over && monotone_node(b.node());
+  return ExtentNode::make(std::move(f));
 }
 }  // namespace
 
@@ -278,6 +301,22 @@ std::vector<Symbol> Extent::dynamic_symbols() const {
 }
 
 bool Extent::monotone() const { return monotone_node(*node_); }
+bool Extent::is_static() const { return !depends_on_dynamic(*node_); }
+
+namespace {
+bool every_dynamic_capped(const ExtentNode& n) {
+  switch (n.op) {
+    case Op::constant: return true;
+    case Op::symbol:
+    case Op::element: return !n.dyn || n.cap >= 0;
+    case Op::sum:
+    case Op::max_over: return every_dynamic_capped(*n.a);
+    default: return every_dynamic_capped(*n.a) && every_dynamic_capped(*n.b);
+  }
+}
+}  // namespace
+
+bool Extent::has_capacity_bound() const { return monotone() && every_dynamic_capped(*node_); }
 std::string Extent::to_string() const { return str(*node_); }
 std::size_t Extent::hash() const { return hash_node(*node_); }
 bool same_expression(const Extent& a, const Extent& b) { return same_node(*a.node_, *b.node_); }

@@ -53,8 +53,10 @@ class Extent {
   // Every symbol referenced (batch symbols and their length symbols included), in first-use order.
   std::vector<Symbol> symbols() const;
   std::vector<Symbol> dynamic_symbols() const;
-  bool is_static() const { return dynamic_symbols().empty(); }
+  bool is_static() const;  // no dynamic symbol (cheap: no allocation)
   bool monotone() const;
+  // Substituting capacities bounds it: monotone, and every dynamic symbol declares a capacity.
+  bool has_capacity_bound() const;
   // Readable form for reports: "(sum_b(ceil_div(seq_lens[b], 4)) * 512)".
   std::string to_string() const;
 

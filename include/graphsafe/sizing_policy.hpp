@@ -21,7 +21,7 @@ namespace graphsafe {
 struct SizingDecision {
   std::int64_t count = 0;    // elements to reserve
   bool replay_safe = false;  // true: no binding within capacities needs more (guard is implied)
-  std::string note;          // why (for reports): "capacity: seq_lens <= 512"
+  std::string note;          // why, for plans and reports (written only when capturing)
 };
 
 class SizingPolicy {

@@ -14,6 +14,10 @@
 
 namespace graphsafe {
 
+namespace detail {
+struct ExtentNode;
+}
+
 enum class SymbolKind : std::uint8_t { static_value, dynamic_value, batch };
 
 class Symbol {
@@ -42,6 +46,7 @@ class Symbol {
 
  private:
   explicit Symbol(std::uint32_t id) : id_(id) {}
+  friend struct detail::ExtentNode;  // rebuilds handles from ids it stored, without the registry lock
   std::uint32_t id_;
 };
 
