@@ -1,4 +1,5 @@
 #include "arena_core.hpp"
+#include "virtual_commit.hpp"
 
 #include <graphsafe/error.hpp>
 
@@ -38,6 +39,7 @@ ArenaCore::~ArenaCore() {
     if (&b == &s.blocks.front()) slabs.emplace_back(s.addr, s.size);
   });
   for (auto [addr, size] : slabs) {
+    if (opts.debug) debug_slab_removed(addr);
     try {
       backend.free_slab(reinterpret_cast<void*>(addr), size, Stream(static_cast<cudaStream_t>(nullptr)));
     } catch (...) {
@@ -95,6 +97,7 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s) {
     void* p = backend.allocate_slab(slab, s);  // throws out_of_memory_error naming the size
     std::lock_guard g(lock);
     fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, s.handle());
+    if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);
     b = fl.take_best_fit(bytes);
     eager_bytes += b->size;
     ++eager_blocks;
@@ -140,20 +143,26 @@ void ArenaCore::record(SessionState& st, PlanEntry e, const SizingDecision& d, c
     if (opts.refuse_unsafe_capture) throw policy_refusal("graphsafe: capture refused: " + msg);
     st.plan.add_finding({e.name, e.site, std::move(msg)});
   }
+  if (opts.debug) [[unlikely]] debug_captured_request(st, e);
   st.plan.add(std::move(e));
 }
 
 Workspace ArenaCore::request(Stream s, std::string_view name, const Extent& need, std::uint64_t element_bytes,
-                             const SizingPolicy& policy, const Bindings& b, const std::source_location& loc) {
+                             const SizingPolicy& policy, const Bindings& b, const std::source_location& loc,
+                             const Footprint* touched) {
   SessionState* st = session_for(s);
   const SizingDecision d = policy.size(name, need, b, st != nullptr);
   const std::uint64_t bytes = checked_bytes(d.count, element_bytes, name);
   if (!st) {
     if (bytes == 0) return make_workspace(nullptr, nullptr, 0, d.count, s, false);
-    Block* blk = take_eager(align_up(bytes, kAlignment), s);
+    Block* blk = take_eager(align_up(bytes + guard_bytes, kAlignment), s);
+    if (opts.debug) [[unlikely]] debug_eager_taken(blk->addr, bytes, name, loc, s, false);
     return make_workspace(blk, reinterpret_cast<void*>(blk->addr), bytes, d.count, s, false);
   }
-  const std::uint64_t offset = place_in_capture(*st, bytes, kAlignment, name);
+  // Debug mode: a guard region follows the workspace (guard_bytes is 0 otherwise).
+  const std::uint64_t offset = place_in_capture(*st, bytes + guard_bytes, kAlignment, name);
+  // Virtual growth: map the capture-time footprint (and the guard region) behind the range.
+  if (st->virt) [[unlikely]] virtual_place(*st, offset, bytes, guard_bytes, element_bytes, need, touched, b, name);
   PlanEntry e;
   e.kind = PlanEntry::Kind::workspace;
   e.name = std::string(name);
@@ -192,7 +201,9 @@ void* ArenaCore::allocate(Stream s, std::uint64_t bytes, std::uint64_t alignment
     throw overflow_error("graphsafe: allocate(" + std::to_string(bytes) + " bytes) is larger than any device; check the size");
   SessionState* st = session_for(s);
   if (st) {
-    const std::uint64_t offset = place_in_capture(*st, std::max<std::uint64_t>(bytes, 1), alignment, "<opaque>");
+    const std::uint64_t offset =
+        place_in_capture(*st, std::max<std::uint64_t>(bytes, 1) + guard_bytes, alignment, "<opaque>");
+    if (st->virt) [[unlikely]] virtual_place_bytes(*st, offset, std::max<std::uint64_t>(bytes, 1) + guard_bytes, "<opaque>");
     PlanEntry e;
     e.kind = PlanEntry::Kind::opaque;
     e.name = "<opaque " + std::to_string(bytes) + " B>";
@@ -203,10 +214,12 @@ void* ArenaCore::allocate(Stream s, std::uint64_t bytes, std::uint64_t alignment
     e.replay_safe = true;  // nothing to check: no extent says what it depends on
     e.note = "size_t request: graphsafe cannot tell what this size depends on";
     e.site = site_of(loc);
+    if (opts.debug) [[unlikely]] debug_captured_request(*st, e);
     st->plan.add(std::move(e));
     return reinterpret_cast<void*>(st->base + offset);
   }
-  Block* blk = take_eager(align_up(std::max<std::uint64_t>(bytes, 1), kAlignment), s);
+  Block* blk = take_eager(align_up(std::max<std::uint64_t>(bytes, 1) + guard_bytes, kAlignment), s);
+  if (opts.debug) [[unlikely]] debug_eager_taken(blk->addr, bytes, "<opaque " + std::to_string(bytes) + " B>", loc, s, true);
   std::lock_guard g(lock);
   fl.index_used(blk);
   return reinterpret_cast<void*>(blk->addr);
@@ -220,6 +233,9 @@ void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
     for (SessionState* st : sessions)
       if (addr >= st->base && addr < st->base + st->limit) return;  // owned by the capture's graph
   }
+  // Debug mode: check the guard (synchronizes the stream: not under the spin lock). A no-op for a
+  // pointer this arena did not serve eagerly; the checks below still refuse it.
+  if (opts.debug) [[unlikely]] debug_eager_released(addr, s.handle());
   std::lock_guard g(lock);
   Block* b = fl.find_used(addr);
   if (!b) {
@@ -241,6 +257,7 @@ void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
 void ArenaCore::release(Workspace& w) noexcept {
   if (w.captured_ || !w.block_) return;
   auto* b = static_cast<Block*>(w.block_);
+  if (opts.debug) [[unlikely]] debug_eager_released(b->addr, w.stream_);
   std::lock_guard g(lock);
   eager_bytes -= b->size;
   --eager_blocks;
@@ -248,6 +265,10 @@ void ArenaCore::release(Workspace& w) noexcept {
 }
 
 void ArenaCore::reserve(std::uint64_t bytes, Stream s) {
+  // Above 2^62 the slab size would wrap to 0 when rounded up to 2 MiB (a zero-byte slab).
+  if (bytes > (1ull << 62))
+    throw overflow_error("graphsafe: reserve(" + std::to_string(bytes) + " bytes) is larger than any device (limit " +
+                         std::to_string(1ull << 62) + "); check the size");
   if (backend.capture_info(s).active)
     throw capture_state_error("graphsafe: reserve(" + std::to_string(bytes) +
                               ") on a capturing stream; reserve before the capture starts (growth during capture "
@@ -260,6 +281,7 @@ void ArenaCore::reserve(std::uint64_t bytes, Stream s) {
   void* p = backend.allocate_slab(slab, s);
   std::lock_guard g(lock);
   fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, s.handle());
+  if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);
 }
 
 void ArenaCore::trim(Stream s) {
@@ -283,15 +305,23 @@ void ArenaCore::trim(Stream s) {
     fl.mark_all_ready();
     slabs = fl.remove_free_slabs();
   }
-  for (auto [addr, size] : slabs) backend.free_slab(reinterpret_cast<void*>(addr), size, s);
+  for (auto [addr, size] : slabs) {
+    if (opts.debug) debug_slab_removed(addr);
+    backend.free_slab(reinterpret_cast<void*>(addr), size, s);
+  }
 }
 
 void ArenaCore::begin_session(SessionState& st) {
+  if (opts.virtual_memory) [[unlikely]] return virtual_begin_session(*this, st);  // src/virtual_commit.cpp
   // Nothing free at all (e.g. another capture holds the largest block): grow now, while the stream
   // is still eager. A capture itself never calls the upstream allocator.
   bool nothing_free;
   {
     std::lock_guard g(lock);
+    // Refuse a second capture of the family before growing: a refused call changes nothing.
+    if (st.family->capturing)
+      throw capture_state_error("graphsafe: family '" + st.family->name +
+                                "' is already capturing a graph; capture the graphs of one family one after another");
     nothing_free = fl.free_blocks() == 0 && !st.family->region;
   }
   if (nothing_free && opts.grow_on_demand) {
@@ -299,6 +329,7 @@ void ArenaCore::begin_session(SessionState& st) {
     void* p = backend.allocate_slab(slab, st.stream);
     std::lock_guard g(lock);
     fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, st.stream.handle());
+    if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);
   }
   std::lock_guard g(lock);
   Family& f = *st.family;
@@ -326,6 +357,7 @@ void ArenaCore::begin_session(SessionState& st) {
 }
 
 void ArenaCore::end_session(SessionState& st, bool success) {
+  if (st.virt) [[unlikely]] return virtual_end_session(*this, st, success);  // src/virtual_commit.cpp
   std::lock_guard g(lock);
   Family& f = *st.family;
   f.capturing = false;

@@ -3,17 +3,25 @@
 
 #include <graphsafe/arena.hpp>
 #include <graphsafe/captured_graph.hpp>
+#include <graphsafe/debug.hpp>
 #include <graphsafe/plan.hpp>
 
 #include "free_list.hpp"
 
 #include <atomic>
+#include <map>
 #include <source_location>
+#include <unordered_map>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace graphsafe::detail {
+
+// Virtual growth (src/virtual_commit.hpp), used only when ArenaOptions::virtual_memory is set.
+struct VirtualFamily;
+struct VirtualPlan;
+struct VirtualRegistry;
 
 // Uncontended lock/unlock is a few ns; the arena's critical sections are short tree operations.
 class SpinLock {
@@ -41,6 +49,10 @@ struct Family {
   void* last_stream = nullptr;
   std::uint64_t largest_plan = 0;
   std::uint64_t sum_plans = 0;
+  std::shared_ptr<VirtualFamily> virt;  // virtual growth: the family's address range
+  // Debug mode (under the arena's lock or the family's serialized replays).
+  GraphState* dbg_last_graph = nullptr;  // graph replayed last (its guards are the live ones)
+  GraphState* nvtx_owner = nullptr;      // graph whose workspaces are registered with NVTX
 };
 
 struct SessionState {
@@ -58,6 +70,8 @@ struct SessionState {
   std::uint64_t limit = 0;
   std::uint64_t bump = 0;
   Plan plan;
+  std::size_t report_mark = 0;  // debug: findings made before this capture began
+  std::shared_ptr<VirtualPlan> virt;  // virtual growth: footprints recorded by this capture
 };
 
 struct GraphState {
@@ -69,11 +83,35 @@ struct GraphState {
   std::function<void(const Bindings&)> fn;  // kept only when the graph may re-capture
   Stream stream{static_cast<cudaStream_t>(nullptr)};
   CaptureOptions opts;
+  // Debug mode.
+  std::uintptr_t base = 0;          // region base: plan offsets are relative to it
+  std::uint64_t dbg_id = 0;         // "graph #id" in findings
+  std::uint64_t replays = 0;        // replays launched
+  std::uint64_t unchecked = 0;      // replays since the guards were last checked
+  bool armed = false;               // guards hold the pattern (filled before a replay)
+  bool nvtx_registered = false;
+  void* dbg_stream = nullptr;       // stream of the last replay
+  std::shared_ptr<VirtualPlan> virt;  // virtual growth: committed before each launch
+  std::vector<debug::Finding> last_overwrites;  // found by the last canary check
 };
+
+std::string graph_label(const GraphState& g);
+// Debug mode hooks (src/debug_arena.cpp), called only when the arena's opts.debug is on.
+std::size_t debug_report_mark();
+void debug_graph_created(GraphState& g, std::size_t report_mark);
+void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::source_location& loc);
+void debug_after_launch(GraphState& g, Stream s);
+void debug_graph_destroyed(GraphState& g) noexcept;
 
 class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
  public:
-  ArenaCore(Backend& b, ArenaOptions o) : backend(b), opts(o) {}
+  ArenaCore(Backend& b, ArenaOptions o) : backend(b), opts(o) {
+    if (opts.debug) {
+      opts.always_check_capture = true;
+      guard_bytes = opts.canary_bytes;
+      nvtx_on = opts.nvtx && backend.name() == "cuda";
+    }
+  }
   ~ArenaCore();
 
   Backend& backend;
@@ -87,13 +125,25 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   std::uint64_t live_graphs = 0;
   std::uint64_t region_bytes = 0;
   std::uint64_t families_with_region = 0;
+  std::shared_ptr<VirtualRegistry> virt;  // virtual growth: families with an address range
+  // Debug mode: bytes of guard behind every workspace (0 when debug mode or canaries are off).
+  std::uint64_t guard_bytes = 0;
+  bool nvtx_on = false;
+  struct EagerGuard {
+    std::uint64_t bytes;  // workspace bytes; the guard follows
+    std::string name;
+    std::string site;
+  };
+  std::unordered_map<std::uintptr_t, EagerGuard> eager_guards;  // under lock
+  std::map<std::uintptr_t, std::pair<std::uint64_t, void*>> nvtx_heaps;  // slab -> (size, heap), under lock
 
   // The session capturing on `s`, nullptr when `s` is not capturing. Throws capture_state_error
   // for a stream captured outside graphsafe.
   SessionState* session_for(Stream s);
 
   Workspace request(Stream s, std::string_view name, const Extent& need, std::uint64_t element_bytes,
-                    const SizingPolicy& policy, const Bindings& b, const std::source_location& loc);
+                    const SizingPolicy& policy, const Bindings& b, const std::source_location& loc,
+                    const Footprint* touched = nullptr);
   std::int64_t dimension(Stream s, std::string_view name, const Extent& need, const SizingPolicy& policy,
                          const Bindings& b, const std::source_location& loc);
   void* allocate(Stream s, std::uint64_t bytes, std::uint64_t alignment, const std::source_location& loc);
@@ -106,6 +156,14 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   void begin_session(SessionState& st);
   void end_session(SessionState& st, bool success);
   void graph_destroyed(Family& f, void* stream) noexcept;
+
+  // Debug mode (src/debug_arena.cpp); called only when opts.debug is on.
+  void debug_slab_added(std::uintptr_t addr, std::uint64_t size);
+  void debug_slab_removed(std::uintptr_t addr) noexcept;
+  void debug_eager_taken(std::uintptr_t addr, std::uint64_t bytes, std::string_view name, const std::source_location& loc,
+                         Stream s, bool guarded);
+  void debug_eager_released(std::uintptr_t addr, void* stream) noexcept;
+  void debug_captured_request(SessionState& st, const PlanEntry& e);
 
  private:
   Block* take_eager(std::uint64_t bytes, Stream s);

@@ -28,6 +28,7 @@ void start_session(SessionState& st, const Bindings& b) {
     throw capture_state_error("graphsafe: this stream is already capturing; a capture cannot start inside another "
                               "(end the outer capture first, or capture on another stream)");
   st.plan.set_captured_bindings(b);
+  if (core.opts.debug) [[unlikely]] st.report_mark = debug_report_mark();
   core.begin_session(st);  // takes the region to capture into; throws if there is none
   // The region's memory may have been used eagerly on another stream: order the capture stream
   // after it now, in eager order, so every later replay on this stream follows that work.
@@ -83,7 +84,7 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
   st.plan.set_bytes(align_up(st.bump, kAlignment));
   core.end_session(st, true);
   st.plan.finalize();
-  if (core.opts.report_findings && !st.plan.findings().empty()) {
+  if (core.opts.report_findings && !core.opts.debug && !st.plan.findings().empty()) {
     std::fprintf(stderr, "graphsafe: capture of family '%s' has %zu finding(s):\n", st.family->name.c_str(),
                  st.plan.findings().size());
     for (const auto& f : st.plan.findings())
@@ -96,12 +97,16 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
   g->plan = std::move(st.plan);
   g->stream = st.stream;
   g->opts = st.opts;
+  g->base = st.base;
+  g->virt = std::move(st.virt);  // virtual growth (null otherwise)
   {
     std::lock_guard lk(core.lock);
     ++st.family->graphs;
     ++core.live_graphs;
     st.family->last_stream = st.stream.handle();
   }
+  // Debug mode: the capture's report on stderr (findings of all kinds), NVTX registration.
+  if (core.opts.debug) [[unlikely]] debug_graph_created(*g, st.report_mark);
   return g;
 }
 

@@ -1,4 +1,5 @@
 #include "arena_core.hpp"
+#include "virtual_commit.hpp"
 
 #include <graphsafe/error.hpp>
 
@@ -21,9 +22,11 @@ void destroy_graph(GraphState& g) noexcept {
     } catch (...) {
     }
   }
+  if (core.opts.debug) [[unlikely]] debug_graph_destroyed(g);
   core.backend.destroy(g.handle);
   g.handle = {};
   core.graph_destroyed(*g.family, g.stream.handle());
+  if (g.family->virt) [[unlikely]] virtual_graph_destroyed(core, *g.family);  // idle family: chunks to the pool
 }
 }  // namespace
 }  // namespace detail
@@ -55,7 +58,7 @@ detail::GraphState& live(const std::unique_ptr<detail::GraphState>& s) {
 }
 }  // namespace
 
-void CapturedGraph::replay(const Bindings& b, Stream s) {
+void CapturedGraph::replay(const Bindings& b, Stream s, std::source_location loc) {
   detail::GraphState& g = live(state_);
   detail::ArenaCore& core = *g.core;
   if (core.active_sessions.load(std::memory_order_acquire) > 0 && core.backend.capture_info(s).active)
@@ -88,6 +91,8 @@ void CapturedGraph::replay(const Bindings& b, Stream s) {
     state_->plan.enforce(b);  // the bucket must cover the bindings that asked for it
   }
   detail::GraphState& cur = *state_;
+  // Virtual growth: map what these bindings need (a compare per request when nothing grew).
+  if (cur.virt) [[unlikely]] detail::virtual_commit(*cur.virt, b);
   // Graphs of one family share a region: a replay on another stream waits for the last one.
   void* last;
   {
@@ -96,13 +101,19 @@ void CapturedGraph::replay(const Bindings& b, Stream s) {
     cur.family->last_stream = s.handle();
   }
   if (last && last != s.handle()) core.backend.order_after(s, Stream(static_cast<cudaStream_t>(last)));
+  if (core.opts.debug) [[unlikely]] detail::debug_before_launch(cur, s, last, loc);
   core.backend.launch(cur.handle, s);
+  if (core.opts.debug) [[unlikely]] detail::debug_after_launch(cur, s);
 }
 
 void CapturedGraph::replay_unguarded_for_testing(Stream s) {
   detail::GraphState& g = live(state_);
+  void* last = g.family->last_stream;
   g.family->last_stream = s.handle();
+  const bool debug = g.core->opts.debug;
+  if (debug) [[unlikely]] detail::debug_before_launch(g, s, last, std::source_location::current());
   g.core->backend.launch(g.handle, s);
+  if (debug) [[unlikely]] detail::debug_after_launch(g, s);
 }
 
 const Plan& CapturedGraph::plan() const { return live(state_).plan; }

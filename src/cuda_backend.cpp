@@ -143,3 +143,15 @@ void CudaBackend::order_after(Stream waiter, Stream producer) {
 void CudaBackend::synchronize(Stream s) { GRAPHSAFE_CUDA(cudaStreamSynchronize(s.cuda())); }
 
 }  // namespace graphsafe
+
+namespace graphsafe {
+
+void CudaBackend::fill_bytes(void* p, std::uint64_t bytes, std::uint8_t value, Stream s) {
+  if (bytes) GRAPHSAFE_CUDA(cudaMemsetAsync(p, value, bytes, s.cuda()));
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, std::uint64_t bytes, Stream s) {
+  if (bytes) GRAPHSAFE_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s.cuda()));
+}
+
+}  // namespace graphsafe

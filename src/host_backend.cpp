@@ -29,15 +29,21 @@ struct HostGraph {
 }  // namespace
 
 void* HostBackend::allocate_slab(std::uint64_t bytes, Stream) {
-  if (opts_.limit_bytes && in_use_ + bytes > opts_.limit_bytes)
-    throw out_of_memory_error("graphsafe: host backend cannot allocate a slab of " + std::to_string(bytes) +
-                              " bytes: " + std::to_string(in_use_) + " of its " + std::to_string(opts_.limit_bytes) +
-                              "-byte limit are in use; reserve less or raise HostBackendOptions::limit_bytes");
+  // Claim the bytes against the limit first (atomically: concurrent growth must not overshoot it).
+  std::uint64_t used = in_use_.load();
+  do {
+    if (opts_.limit_bytes && (bytes > opts_.limit_bytes || used > opts_.limit_bytes - bytes))
+      throw out_of_memory_error("graphsafe: host backend cannot allocate a slab of " + std::to_string(bytes) +
+                                " bytes: " + std::to_string(used) + " of its " + std::to_string(opts_.limit_bytes) +
+                                "-byte limit are in use; reserve less or raise HostBackendOptions::limit_bytes");
+  } while (!in_use_.compare_exchange_weak(used, used + bytes));
   const std::uint64_t rounded = (bytes + 4095) / 4096 * 4096;
-  void* p = std::aligned_alloc(4096, rounded);
-  if (!p) throw out_of_memory_error("graphsafe: host allocation of " + std::to_string(bytes) + " bytes failed");
+  void* p = rounded >= bytes ? std::aligned_alloc(4096, rounded) : nullptr;
+  if (!p) {
+    in_use_ -= bytes;
+    throw out_of_memory_error("graphsafe: host allocation of " + std::to_string(bytes) + " bytes failed");
+  }
   std::memset(p, 0xA5, rounded);  // never hand out zeros: they hide unwritten memory in tests
-  in_use_ += bytes;
   ++slab_allocations_;
   return p;
 }
@@ -93,6 +99,19 @@ void HostBackend::launch(const GraphHandle& g, Stream s) {
 void HostBackend::destroy(GraphHandle& g) noexcept {
   delete static_cast<HostGraph*>(g.exec);
   g = {};
+}
+
+}  // namespace graphsafe
+
+namespace graphsafe {
+
+// Host streams run eagerly (debug operations happen outside capture), so these are immediate.
+void HostBackend::fill_bytes(void* p, std::uint64_t bytes, std::uint8_t value, Stream) {
+  if (bytes) std::memset(p, value, bytes);
+}
+
+void HostBackend::copy_to_host(void* dst, const void* src, std::uint64_t bytes, Stream) {
+  if (bytes) std::memcpy(dst, src, bytes);
 }
 
 }  // namespace graphsafe

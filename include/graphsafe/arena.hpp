@@ -16,6 +16,7 @@
 #include <graphsafe/backend.hpp>
 #include <graphsafe/bindings.hpp>
 #include <graphsafe/extent.hpp>
+#include <graphsafe/footprint.hpp>
 #include <graphsafe/sizing_policy.hpp>
 #include <graphsafe/workspace.hpp>
 
@@ -27,9 +28,12 @@
 
 namespace graphsafe {
 
+class VirtualMemory;  // graphsafe/virtual_memory.hpp
+
 namespace detail {
 class ArenaCore;
 struct Family;
+bool debug_env_default() noexcept;  // GRAPHSAFE_DEBUG (graphsafe/debug.hpp)
 }  // namespace detail
 
 inline constexpr std::uint64_t kAlignment = 256;
@@ -48,6 +52,29 @@ struct ArenaOptions {
   // way, and refuse requests on streams captured outside graphsafe. Costs ~60 ns per request on an
   // H200; the debug mode turns it on.
   bool always_check_capture = false;
+  // Debug mode (include/graphsafe/debug.hpp, docs/debug_mode.md). Defaults to the GRAPHSAFE_DEBUG
+  // environment variable. Turns on always_check_capture, the debug report, canaries and NVTX
+  // registration. Off, it costs one predictable branch per request and per replay.
+  bool debug = detail::debug_env_default();
+  // Debug mode: guard region behind every workspace (bytes; 0 = none).
+  std::uint64_t canary_bytes = 256;
+  // Debug mode: fill the guard regions with a pattern and check them. Off keeps the (unregistered)
+  // gaps for compute-sanitizer without touching them.
+  bool canaries = true;
+  // Debug mode: check a graph's canaries after every this many replays (0: only when
+  // debug::check_canaries is called). 1 names the exact replay that wrote past a workspace.
+  std::uint32_t canary_check_every = 1;
+  // Debug mode, CUDA backend: register slabs (as heaps) and workspaces (as named regions) with the
+  // NVTX Memory API so compute-sanitizer memcheck sees workspace bounds inside a slab.
+  bool nvtx = true;
+  // Virtual growth (docs/virtual_growth.md). When set, each capture family gets an address range of
+  // virtual_reserve_bytes (halved down to 1 GiB if that cannot be reserved); captured requests are
+  // placed in it at their policy's bound, and physical memory (granules from this pool) is mapped
+  // only behind their footprints: at capture for the capture-time bindings, before each replay
+  // (after the guards) when the need grew. Nothing the graph saw ever moves. Eager requests are
+  // unchanged. Empty (the default): the ordinary arena, at no cost.
+  std::shared_ptr<VirtualMemory> virtual_memory;
+  std::uint64_t virtual_reserve_bytes = 1ull << 40;
 };
 
 struct ArenaStats {
@@ -111,6 +138,20 @@ class Arena {
 
   // Return fully free slabs to the backend. Outside capture only.
   void trim(Stream s);
+
+  // Virtual growth: a request whose touched part is `touched` (Footprint::per_request_ranges, ...)
+  // rather than its whole need. Without virtual_memory the footprint is ignored.
+  Workspace request(Stream s, std::string_view name, const Extent& need, std::uint64_t element_bytes,
+                    const SizingPolicy& policy, const Bindings& b, const Footprint& touched,
+                    std::source_location loc = std::source_location::current());
+  // Virtual growth: unmap (back to the pool) every mapped granule of this arena's families that
+  // `keep_for` does not need in any live graph (graphs it does not fit keep nothing); without
+  // bindings, everything. Waits for the families' last replay streams: call it when no replay is
+  // in flight, never while capturing. Later replays map again what they need.
+  void shrink(Stream s);
+  void shrink(Stream s, const Bindings& keep_for);
+  // Virtual growth: physical bytes mapped for this arena's captured graphs (0 without it).
+  std::uint64_t committed_bytes() const;
 
   ArenaStats stats() const;
   Backend& backend() const;

@@ -47,6 +47,12 @@ class Backend {
   // Make `waiter` wait for everything issued to `producer` so far (event record + wait).
   virtual void order_after(Stream waiter, Stream producer) = 0;
   virtual void synchronize(Stream s) = 0;
+
+  // Debug mode (canaries, replay audit). Stream-ordered: set `bytes` bytes at `p` to `value`.
+  // The default throws: a backend without these cannot run canaries or audit_replay.
+  virtual void fill_bytes(void* p, std::uint64_t bytes, std::uint8_t value, Stream s);
+  // Stream-ordered copy of backend memory to host memory; `dst` is valid after synchronize(s).
+  virtual void copy_to_host(void* dst, const void* src, std::uint64_t bytes, Stream s);
 };
 
 }  // namespace graphsafe

@@ -19,8 +19,11 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <source_location>
 
 namespace graphsafe {
+
+struct VirtualGraphStats;  // graphsafe/virtual_memory.hpp
 
 namespace detail {
 struct GraphState;
@@ -50,15 +53,22 @@ class CapturedGraph {
 
   // Check the guards for `b`, then launch on `s`. A failing guard never launches: it throws
   // guard_failure (naming request, symbol, value and limit) or re-captures (CaptureOptions::recapture).
-  void replay(const Bindings& b, Stream s);
+  // `loc` names the call site in debug findings (concurrent replays of one family).
+  void replay(const Bindings& b, Stream s, std::source_location loc = std::source_location::current());
   // Launch without checking guards. Exists so tests can show what the guards prevent.
   void replay_unguarded_for_testing(Stream s);
+  // Virtual growth (ArenaOptions::virtual_memory): map what `b` needs, as replay() does after its
+  // guards, without launching (no-op for an ordinary graph). Guards are not checked here.
+  void commit(const Bindings& b);
+  // Virtual growth: reservation, committed bytes, commit counters; with bindings, their exact need.
+  VirtualGraphStats virtual_stats(const Bindings* b = nullptr) const;
 
   const Plan& plan() const;
   std::uint64_t reserved_bytes() const;  // bytes of this graph's plan
   std::uint64_t recaptures() const;
   CaptureFamily family() const;
   const GraphHandle& handle() const;
+  detail::GraphState* impl() const noexcept { return state_.get(); }  // internal (debug mode)
 
  private:
   friend class CaptureSession;

@@ -41,6 +41,8 @@ class CudaBackend final : public Backend {
   void destroy(GraphHandle& g) noexcept override;
   void order_after(Stream waiter, Stream producer) override;
   void synchronize(Stream s) override;
+  void fill_bytes(void* p, std::uint64_t bytes, std::uint8_t value, Stream s) override;
+  void copy_to_host(void* dst, const void* src, std::uint64_t bytes, Stream s) override;
 
   cudaMemPool_t pool() const { return pool_; }
   int device() const { return device_; }

@@ -6,8 +6,10 @@
 #include <graphsafe/bindings.hpp>
 #include <graphsafe/captured_graph.hpp>
 #include <graphsafe/cuda_backend.hpp>
+#include <graphsafe/debug.hpp>
 #include <graphsafe/error.hpp>
 #include <graphsafe/extent.hpp>
+#include <graphsafe/footprint.hpp>
 #include <graphsafe/host_backend.hpp>
 #include <graphsafe/plan.hpp>
 #include <graphsafe/policies/capacity_bound.hpp>
@@ -15,4 +17,5 @@
 #include <graphsafe/policies/static_query_bound.hpp>
 #include <graphsafe/sizing_policy.hpp>
 #include <graphsafe/symbol.hpp>
+#include <graphsafe/virtual_memory.hpp>
 #include <graphsafe/workspace.hpp>

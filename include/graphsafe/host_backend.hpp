@@ -8,6 +8,7 @@
 
 #include <graphsafe/backend.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,14 +52,17 @@ class HostBackend final : public Backend {
   void destroy(GraphHandle& g) noexcept override;
   void order_after(Stream, Stream) override {}  // host streams run synchronously
   void synchronize(Stream) override {}
+  void fill_bytes(void* p, std::uint64_t bytes, std::uint8_t value, Stream s) override;
+  void copy_to_host(void* dst, const void* src, std::uint64_t bytes, Stream s) override;
 
-  std::uint64_t bytes_in_use() const { return in_use_; }
-  std::uint64_t slab_allocations() const { return slab_allocations_; }
+  std::uint64_t bytes_in_use() const { return in_use_.load(); }
+  std::uint64_t slab_allocations() const { return slab_allocations_.load(); }
 
  private:
   HostBackendOptions opts_;
-  std::uint64_t in_use_ = 0;
-  std::uint64_t slab_allocations_ = 0;
+  // Atomic: the arena grows outside its lock, so several threads may allocate slabs at once.
+  std::atomic<std::uint64_t> in_use_{0};
+  std::atomic<std::uint64_t> slab_allocations_{0};
 };
 
 }  // namespace graphsafe

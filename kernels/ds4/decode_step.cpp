@@ -1,6 +1,7 @@
 #include <graphsafe/ds4/decode_step.hpp>
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/error.hpp>
+#include <graphsafe/footprint.hpp>
 #include <graphsafe/policies/capacity_bound.hpp>
 #include <graphsafe/policies/exact_at_capture.hpp>
 
@@ -45,7 +46,17 @@ StepSizes GatherDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindin
   const int width = cfg_.combined_width();
   const std::int64_t splits = splits_for(cfg_, R);
   // Every extent below is static once N and G are fixed: the guards live on the dimensions.
-  auto kv = arena_.request(s, "ds4.kv", Extent(syms_.requests) * z.M * kHeadDim, 2, capacity_bound, b);
+  const Extent kv_need = Extent(syms_.requests) * z.M * kHeadDim;
+  // Virtual growth (ArenaOptions::virtual_memory): only the rows the gather writes are mapped. Per
+  // request b: compressed rows [b*M, b*M + n_c) and SWA rows [b*M + N, b*M + N + min(L, W)).
+  auto kv = !arena_.options().virtual_memory
+                ? arena_.request(s, "ds4.kv", kv_need, 2, capacity_bound, b)
+                : arena_.request(s, "ds4.kv", kv_need, 2, capacity_bound, b,
+                                 Footprint::per_request_ranges(syms_.seq_lens, z.M * kHeadDim, [&](const Extent& l) {
+                                   return std::vector<FootprintRange>{
+                                       {0, r > 1 ? floor_div(l, r) * kHeadDim : Extent(0)},
+                                       {z.N * kHeadDim, min(l, Extent(W)) * kHeadDim}};
+                                 }));
   auto idx = arena_.request(s, "ds4.combined_indices", Extent(syms_.requests) * width, 4, capacity_bound, b);
   auto lens = arena_.request(s, "ds4.combined_lens", Extent(syms_.requests), 4, capacity_bound, b);
   auto scratch = arena_.request(s, "ds4.attention_scratch",

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Sanitizer and fuzz pass over the CPU side (issue 7):
+#   1. CPU tests (ctest -L cpu) built with ASan + UBSan (gcc)       -> build-asan/
+#   2. concurrency tests (ctest -L concurrency) built with TSan      -> build-tsan/
+#   3. the libFuzzer harness for $FUZZ_SECONDS (default 60), if a clang with <source_location>
+#      support (clang >= 15; Debian bookworm: clang-16 libclang-rt-16-dev) is present -> build-fuzz/
+# GPU tests are not built here (no device needed). Env: JOBS, FUZZ_SECONDS, SANITIZE_SKIP_FUZZ=1,
+# GRAPHSAFE_SOAK_OPS (the soak's op count under ASan; default 200000 here), SANITIZE_BUILD_ROOT
+# (where build-asan/ build-tsan/ build-fuzz/ go; default: the repository root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+gs_find_cuda
+
+jobs="${JOBS:-$(gs_jobs)}"
+fuzz_seconds="${FUZZ_SECONDS:-60}"
+root="${SANITIZE_BUILD_ROOT:-.}"
+asan_dir="$root/build-asan" tsan_dir="$root/build-tsan" fuzz_dir="$root/build-fuzz"
+common=(-DGRAPHSAFE_BUILD_DS4=OFF -DGRAPHSAFE_BUILD_BENCH=OFF -DGRAPHSAFE_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+cpu_targets() {  # the CPU test executables of a configured build dir
+  ninja -C "$1" -t targets all | sed -n 's/^\(test_[a-z0-9_]*\): phony$/\1/p' | while read -r t; do
+    [[ -f "tests/cpu/$t.cpp" ]] && echo "$t"
+  done
+}
+# The library links libcuda (driver API); machines without a driver get the toolkit's stub.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1'; then
+  stub_dir="$(mktemp -d)"
+  for d in "${CUDA_HOME:-/usr/local/cuda}"/lib64/stubs /usr/local/cuda/targets/*/lib/stubs; do
+    if [[ -f "$d/libcuda.so" ]]; then ln -sf "$d/libcuda.so" "$stub_dir/libcuda.so.1"; break; fi
+  done
+  export LD_LIBRARY_PATH="$stub_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+echo "== ASan + UBSan: ctest -L cpu"
+san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+gs_configure "$asan_dir" "${common[@]}" -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san"
+# shellcheck disable=SC2046
+cmake --build "$asan_dir" -j "$jobs" --target $(cpu_targets "$asan_dir")
+ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:allocator_may_return_null=1" \
+UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+GRAPHSAFE_SOAK_OPS="${GRAPHSAFE_SOAK_OPS:-200000}" \
+  ctest --test-dir "$asan_dir" -L cpu --output-on-failure -j "$jobs"
+
+echo "== TSan: ctest -L concurrency"
+tsan="-fsanitize=thread -fno-omit-frame-pointer"
+gs_configure "$tsan_dir" "${common[@]}" -DCMAKE_CXX_FLAGS="$tsan" -DCMAKE_EXE_LINKER_FLAGS="$tsan"
+cmake --build "$tsan_dir" -j "$jobs" --target test_concurrency
+TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
+  ctest --test-dir "$tsan_dir" -L concurrency --output-on-failure
+
+clangxx=""
+for c in clang++-16 clang++-17 clang++-18 clang++-15 clang++; do
+  if command -v "$c" >/dev/null 2>&1 &&
+     echo '#include <source_location>
+int main() { return std::source_location::current().line() > 0 ? 0 : 1; }' |
+       "$c" -std=c++20 -fsanitize=fuzzer -x c++ - -o /dev/null 2>/dev/null; then
+    clangxx="$c"; break
+  fi
+done
+if [[ "${SANITIZE_SKIP_FUZZ:-0}" == 1 ]]; then
+  echo "== fuzzer skipped (SANITIZE_SKIP_FUZZ=1)"
+elif [[ -z "$clangxx" ]]; then
+  echo "== fuzzer skipped: no clang++ >= 15 with libFuzzer (apt-get install clang-16 libclang-rt-16-dev)"
+else
+  echo "== libFuzzer ($clangxx): corpus replay, then ${fuzz_seconds}s"
+  gs_configure "$fuzz_dir" "${common[@]}" -DGRAPHSAFE_FUZZ=ON -DCMAKE_CXX_COMPILER="$clangxx"
+  cmake --build "$fuzz_dir" -j "$jobs" --target arena_fuzzer
+  ctest --test-dir "$fuzz_dir" -L fuzz --output-on-failure
+  mkdir -p "$fuzz_dir/fuzz-corpus"  # new inputs go here, not into the committed corpus
+  corpus="$(pwd)/tests/fuzz/corpus"
+  (cd "$fuzz_dir" && ASAN_OPTIONS="allocator_may_return_null=1" \
+     ./tests/fuzz/arena_fuzzer -max_total_time="$fuzz_seconds" -rss_limit_mb=4096 -print_final_stats=1 \
+     fuzz-corpus "$corpus")
+fi
+echo "sanitize.sh: all passed"

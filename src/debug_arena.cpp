@@ -1,0 +1,637 @@
+// Debug mode over the arena: capture findings, canaries (guard regions behind workspaces), NVTX
+// Memory API registration, concurrent family replays; probe() and audit_replay().
+#include "arena_core.hpp"
+
+#include <graphsafe/cuda_backend.hpp>
+#include <graphsafe/debug.hpp>
+#include <graphsafe/error.hpp>
+
+// Header-only NVTX (ships with the CUDA toolkit): without a tool attached every call is a no-op.
+#include <nvtx3/nvToolsExtMem.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+namespace graphsafe {
+
+// ---- Backend defaults ---------------------------------------------------------------------------
+
+void Backend::fill_bytes(void*, std::uint64_t, std::uint8_t, Stream) {
+  throw error("graphsafe: backend '" + std::string(name()) +
+              "' does not implement fill_bytes, which debug canaries and audit_replay need");
+}
+
+void Backend::copy_to_host(void*, const void*, std::uint64_t, Stream) {
+  throw error("graphsafe: backend '" + std::string(name()) +
+              "' does not implement copy_to_host, which debug canaries and audit_replay need");
+}
+
+namespace debug {
+std::string format_finding(const Finding& f);  // debug_report.cpp
+}
+
+namespace detail {
+
+namespace {
+
+constexpr std::uint8_t kCanary = 0xCD;  // host slabs are 0xA5: never mistaken for the pattern
+
+bool ours(std::string_view k) {
+  return k == debug::kind::unbounded_dynamic_size || k == debug::kind::opaque_request_in_capture ||
+         k == debug::kind::probe_difference || k == debug::kind::concurrent_family_replay ||
+         k == debug::kind::canary_overwrite || k == debug::kind::replay_mismatch || k == debug::kind::replay_refused;
+}
+
+std::string hex_ptr(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+std::string hex_bytes(const void* p, std::size_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  std::string out = "0x";
+  char buf[4];
+  // Little-endian value: most significant byte first, at most 32 bytes shown.
+  const std::size_t shown = std::min<std::size_t>(n, 32);
+  for (std::size_t i = 0; i < shown; ++i) {
+    std::snprintf(buf, sizeof buf, "%02x", b[shown - 1 - i]);
+    out += buf;
+  }
+  if (n > shown) out += "...";
+  return out;
+}
+
+// ---- NVTX Memory API --------------------------------------------------------------------------
+
+nvtxDomainHandle_t nvtx_domain() {
+  static nvtxDomainHandle_t d = nvtxDomainCreateA("graphsafe");
+  return d;
+}
+
+void* nvtx_heap_register(std::uintptr_t addr, std::uint64_t size) {
+  nvtxMemVirtualRangeDesc_t range{};
+  range.size = size;
+  range.ptr = reinterpret_cast<const void*>(addr);
+  nvtxMemHeapDesc_t desc{};
+  desc.extCompatID = NVTX_EXT_COMPATID_MEM;
+  desc.structSize = sizeof(desc);
+  desc.usage = NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR;
+  desc.type = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  desc.typeSpecificDescSize = sizeof(range);
+  desc.typeSpecificDesc = &range;
+  desc.messageType = NVTX_MESSAGE_TYPE_ASCII;
+  desc.message.ascii = "graphsafe slab";
+  return nvtxMemHeapRegister(nvtx_domain(), &desc);
+}
+
+void nvtx_heap_unregister(void* heap) { nvtxMemHeapUnregister(nvtx_domain(), static_cast<nvtxMemHeapHandle_t>(heap)); }
+
+void nvtx_region_register(void* heap, std::uintptr_t addr, std::uint64_t bytes, const std::string& name) {
+  if (!heap || bytes == 0) return;
+  nvtxMemVirtualRangeDesc_t range{};
+  range.size = bytes;
+  range.ptr = reinterpret_cast<const void*>(addr);
+  nvtxMemRegionsRegisterBatch_t batch{};
+  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+  batch.structSize = sizeof(batch);
+  batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  batch.heap = static_cast<nvtxMemHeapHandle_t>(heap);
+  batch.regionCount = 1;
+  batch.regionDescElementSize = sizeof(range);
+  batch.regionDescElements = &range;
+  batch.regionHandleElementsOut = nullptr;
+  nvtxMemRegionsRegister(nvtx_domain(), &batch);
+
+  nvtxMemRegionNameDesc_t nd{};
+  nd.regionRefType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+  nd.nameType = NVTX_MESSAGE_TYPE_ASCII;
+  nd.region.pointer = reinterpret_cast<const void*>(addr);
+  nd.name.ascii = name.c_str();
+  nvtxMemRegionsNameBatch_t names{};
+  names.extCompatID = NVTX_EXT_COMPATID_MEM;
+  names.structSize = sizeof(names);
+  names.regionCount = 1;
+  names.regionElementSize = sizeof(nd);
+  names.regionElements = &nd;
+  nvtxMemRegionsName(nvtx_domain(), &names);
+}
+
+void nvtx_region_unregister(std::uintptr_t addr) {
+  nvtxMemRegionRef_t ref{};
+  ref.pointer = reinterpret_cast<const void*>(addr);
+  nvtxMemRegionsUnregisterBatch_t batch{};
+  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+  batch.structSize = sizeof(batch);
+  batch.refType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+  batch.refCount = 1;
+  batch.refElementSize = sizeof(ref);
+  batch.refElements = &ref;
+  nvtxMemRegionsUnregister(nvtx_domain(), &batch);
+}
+
+// Heap (slab) holding `addr`; caller holds the arena's lock.
+void* heap_for(ArenaCore& core, std::uintptr_t addr) {
+  auto it = core.nvtx_heaps.upper_bound(addr);
+  if (it == core.nvtx_heaps.begin()) return nullptr;
+  --it;
+  return addr < it->first + it->second.first ? it->second.second : nullptr;
+}
+
+bool has_memory(const PlanEntry& e) { return e.kind != PlanEntry::Kind::dimension; }
+
+// Register / unregister a graph's workspaces; caller holds the arena's lock.
+void nvtx_register_graph(ArenaCore& core, GraphState& g) {
+  for (const PlanEntry& e : g.plan.entries()) {
+    if (!has_memory(e) || e.bytes == 0) continue;
+    const std::uintptr_t p = g.base + e.offset;
+    nvtx_region_register(heap_for(core, p), p, e.bytes, "graphsafe " + graph_label(g) + ": " + e.name);
+  }
+  g.nvtx_registered = true;
+  g.family->nvtx_owner = &g;
+}
+
+void nvtx_unregister_graph(GraphState& g) {
+  for (const PlanEntry& e : g.plan.entries())
+    if (has_memory(e) && e.bytes != 0) nvtx_region_unregister(g.base + e.offset);
+  g.nvtx_registered = false;
+  if (g.family->nvtx_owner == &g) g.family->nvtx_owner = nullptr;
+}
+
+// ---- canaries ---------------------------------------------------------------------------------
+
+// A finding when `guard` (n bytes read back from behind a workspace) lost its pattern.
+bool canary_finding(const unsigned char* guard, std::uint64_t n, debug::Finding& f, const std::string& what,
+                    std::uint64_t ws_bytes) {
+  std::uint64_t first = n, changed = 0;
+  for (std::uint64_t i = 0; i < n; ++i)
+    if (guard[i] != kCanary) {
+      if (first == n) first = i;
+      ++changed;
+    }
+  if (!changed) return false;
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%02x", guard[first]);
+  f.kind = std::string(debug::kind::canary_overwrite);
+  f.message = what + " wrote past the end of workspace '" + f.request + "' (" + std::to_string(ws_bytes) +
+              " bytes): " + std::to_string(changed) + " of the " + std::to_string(n) +
+              " guard bytes behind it were overwritten, the first at +" + std::to_string(first) +
+              " past its end (found " + buf + ", pattern 0xcd)";
+  f.fix = "the kernels write more than the workspace holds at replay: size it from what they can write for any "
+          "replay (capacity_bound / static_query_bound, or the dimension the kernel indexes with), or bound the "
+          "kernel's writes; run compute-sanitizer memcheck in debug mode to get the faulting instruction";
+  return true;
+}
+
+// Read back and check every guard of `g` (synchronizes `s`).
+void check_graph(GraphState& g, Stream s) {
+  ArenaCore& core = *g.core;
+  g.last_overwrites.clear();
+  if (!g.armed || core.guard_bytes == 0) return;
+  const std::uint64_t n = core.guard_bytes;
+  std::vector<const PlanEntry*> es;
+  for (const PlanEntry& e : g.plan.entries())
+    if (has_memory(e)) es.push_back(&e);
+  std::vector<unsigned char> buf(es.size() * n);
+  for (std::size_t i = 0; i < es.size(); ++i)
+    core.backend.copy_to_host(buf.data() + i * n, reinterpret_cast<const void*>(g.base + es[i]->offset + es[i]->bytes),
+                              n, s);
+  core.backend.synchronize(s);
+  const std::string what = g.unchecked <= 1 ? "replay #" + std::to_string(g.replays) + " of " + graph_label(g)
+                                            : "one of replays #" + std::to_string(g.replays - g.unchecked + 1) +
+                                                  "..#" + std::to_string(g.replays) + " of " + graph_label(g);
+  for (std::size_t i = 0; i < es.size(); ++i) {
+    debug::Finding f;
+    f.request = es[i]->name;
+    f.graph = graph_label(g);
+    f.site = es[i]->site;
+    if (canary_finding(buf.data() + i * n, n, f, what, es[i]->bytes)) {
+      std::fprintf(stderr, "graphsafe debug: canary overwritten\n%s", debug::format_finding(f).c_str());
+      debug::report_finding(f);
+      g.last_overwrites.push_back(std::move(f));
+    }
+  }
+  g.unchecked = 0;
+  if (!g.last_overwrites.empty()) g.armed = false;  // re-fill before the next replay
+}
+
+void arm_graph(GraphState& g, Stream s) {
+  ArenaCore& core = *g.core;
+  for (const PlanEntry& e : g.plan.entries())
+    if (has_memory(e)) core.backend.fill_bytes(reinterpret_cast<void*>(g.base + e.offset + e.bytes), core.guard_bytes,
+                                               kCanary, s);
+  g.armed = true;
+  g.unchecked = 0;
+}
+
+std::atomic<std::uint64_t> next_graph_id{1};
+
+}  // namespace
+
+std::string graph_label(const GraphState& g) {
+  return "family '" + g.family->name + "' graph #" + std::to_string(g.dbg_id);
+}
+
+std::size_t debug_report_mark() { return debug::finding_count(); }
+
+// ---- ArenaCore hooks ----------------------------------------------------------------------------
+
+void ArenaCore::debug_slab_added(std::uintptr_t addr, std::uint64_t size) {
+  if (nvtx_on) nvtx_heaps[addr] = {size, nvtx_heap_register(addr, size)};
+}
+
+void ArenaCore::debug_slab_removed(std::uintptr_t addr) noexcept {
+  std::lock_guard g(lock);
+  if (auto it = nvtx_heaps.find(addr); it != nvtx_heaps.end()) {
+    nvtx_heap_unregister(it->second.second);
+    nvtx_heaps.erase(it);
+  }
+}
+
+void ArenaCore::debug_eager_taken(std::uintptr_t addr, std::uint64_t bytes, std::string_view name,
+                                  const std::source_location& loc, Stream s, bool) {
+  if (guard_bytes && opts.canaries) backend.fill_bytes(reinterpret_cast<void*>(addr + bytes), guard_bytes, kCanary, s);
+  std::lock_guard g(lock);
+  eager_guards[addr] = EagerGuard{bytes, std::string(name), site_of(loc)};
+  if (nvtx_on) nvtx_region_register(heap_for(*this, addr), addr, bytes, "graphsafe eager: " + std::string(name));
+}
+
+void ArenaCore::debug_eager_released(std::uintptr_t addr, void* stream) noexcept {
+  EagerGuard eg;
+  {
+    std::lock_guard g(lock);
+    auto it = eager_guards.find(addr);
+    if (it == eager_guards.end()) return;
+    eg = std::move(it->second);
+    eager_guards.erase(it);
+    if (nvtx_on) nvtx_region_unregister(addr);
+  }
+  if (!guard_bytes || !opts.canaries) return;
+  try {
+    const Stream s(static_cast<cudaStream_t>(stream));
+    if (backend.capture_info(s).active) return;  // released inside a capture: cannot synchronize here
+    std::vector<unsigned char> buf(guard_bytes);
+    backend.copy_to_host(buf.data(), reinterpret_cast<const void*>(addr + eg.bytes), guard_bytes, s);
+    backend.synchronize(s);
+    debug::Finding f;
+    f.request = eg.name;
+    f.graph = "eager";
+    f.site = eg.site;
+    if (canary_finding(buf.data(), guard_bytes, f, "eager work on this stream", eg.bytes)) {
+      std::fprintf(stderr, "graphsafe debug: canary overwritten\n%s", debug::format_finding(f).c_str());
+      debug::report_finding(std::move(f));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "graphsafe debug: could not check the canary of eager workspace '%s': %s\n", eg.name.c_str(),
+                 e.what());
+  } catch (...) {
+  }
+}
+
+void ArenaCore::debug_captured_request(SessionState& st, const PlanEntry& e) {
+  const std::string graph = "family '" + st.family->name + "' (capture)";
+  if (e.kind == PlanEntry::Kind::opaque) {
+    debug::report_finding(debug::kind::opaque_request_in_capture, e.site,
+                          "opaque request of " + std::to_string(e.bytes) +
+                              " bytes during capture: graphsafe cannot tell what this size depends on; if it was "
+                              "computed from a dynamic value (a length, a count), every replay keeps the capture-time "
+                              "size and no guard can check it",
+                          "request it through Arena::request with an Extent and a sizing policy (capacity_bound), "
+                          "or size it for the largest case the graph will be replayed with",
+                          e.name, graph);
+  } else if (!e.replay_safe && e.need && !st.plan.findings().empty()) {
+    debug::report_finding(debug::kind::unbounded_dynamic_size, e.site, st.plan.findings().back().message,
+                          "size it with capacity_bound (declare the symbol's capacity) or static_query_bound (a bound "
+                          "in static symbols); or let the graph re-capture at a larger bucket (CaptureOptions::recapture)",
+                          e.name, graph);
+  }
+}
+
+// ---- graph hooks ---------------------------------------------------------------------------------
+
+void debug_graph_created(GraphState& g, std::size_t report_mark) {
+  ArenaCore& core = *g.core;
+  g.dbg_id = next_graph_id.fetch_add(1);
+  // The capture's report: its own findings, plus external ones (CUPTI) made while it ran.
+  std::string body;
+  std::size_t n = 0;
+  const std::string graph_at_capture = "family '" + g.family->name + "' (capture)";
+  const auto all = debug::findings();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const debug::Finding& f = all[i];
+    const bool mine = f.graph == graph_at_capture &&
+                      std::any_of(g.plan.entries().begin(), g.plan.entries().end(),
+                                  [&](const PlanEntry& e) { return e.name == f.request && e.site == f.site; });
+    const bool external = i >= report_mark && !ours(f.kind);
+    if (mine || external) {
+      body += debug::format_finding(f);
+      ++n;
+    }
+  }
+  std::fprintf(stderr, "graphsafe debug: capture of %s: %zu request(s), %llu bytes, %zu live guard(s), %zu finding(s)\n%s",
+               graph_label(g).c_str(), g.plan.entries().size(), static_cast<unsigned long long>(g.plan.bytes()),
+               g.plan.guard_count(), n, body.c_str());
+  if (core.nvtx_on) {
+    std::lock_guard lk(core.lock);
+    if (!g.family->nvtx_owner) nvtx_register_graph(core, g);
+  }
+}
+
+void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::source_location& loc) {
+  ArenaCore& core = *g.core;
+  Family& f = *g.family;
+  if (last_stream && last_stream != s.handle()) {
+    debug::report_finding(
+        debug::kind::concurrent_family_replay, site_of(loc),
+        graph_label(g) + " replayed on stream " + hex_ptr(s.handle()) + " while the family's previous replay was "
+            "issued on stream " + hex_ptr(last_stream) + "; the graphs of one family share one region, so graphsafe "
+            "orders this replay after the previous one (an event): they cannot run concurrently",
+        "replay a family's graphs on one stream, or give graphs that must run concurrently separate families "
+        "(CaptureOptions::family)",
+        "", graph_label(g));
+  }
+  if (core.guard_bytes && core.opts.canaries) {
+    GraphState* prev = f.dbg_last_graph;
+    if (prev && prev != &g) {
+      // The other graph's replays may have written over this graph's guards (and this replay over
+      // its guards): check what it left, then both re-arm before their next replay.
+      if (prev->unchecked && prev->armed) check_graph(*prev, Stream(static_cast<cudaStream_t>(prev->dbg_stream)));
+      prev->armed = false;
+      g.armed = false;
+    }
+    if (!g.armed) arm_graph(g, s);
+  }
+  if (core.nvtx_on && !g.nvtx_registered) {
+    std::lock_guard lk(core.lock);
+    if (f.nvtx_owner) nvtx_unregister_graph(*f.nvtx_owner);
+    nvtx_register_graph(core, g);
+  }
+  f.dbg_last_graph = &g;
+}
+
+void debug_after_launch(GraphState& g, Stream s) {
+  ArenaCore& core = *g.core;
+  ++g.replays;
+  g.dbg_stream = s.handle();
+  if (core.guard_bytes && core.opts.canaries && g.armed) {
+    ++g.unchecked;
+    if (core.opts.canary_check_every && g.unchecked >= core.opts.canary_check_every) check_graph(g, s);
+  }
+}
+
+void debug_graph_destroyed(GraphState& g) noexcept {
+  ArenaCore& core = *g.core;
+  std::lock_guard lk(core.lock);
+  if (g.nvtx_registered) nvtx_unregister_graph(g);
+  if (g.family->dbg_last_graph == &g) g.family->dbg_last_graph = nullptr;
+}
+
+// ---- probe: CUDA kernel nodes -------------------------------------------------------------------
+
+namespace {
+
+std::vector<cudaGraphNode_t> kernel_nodes(cudaGraph_t g) {
+  std::size_t n = 0;
+  GRAPHSAFE_CUDA(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n) GRAPHSAFE_CUDA(cudaGraphGetNodes(g, nodes.data(), &n));
+  nodes.resize(n);
+  std::vector<cudaGraphNode_t> out;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t{};
+    GRAPHSAFE_CUDA(cudaGraphNodeGetType(node, &t));
+    if (t == cudaGraphNodeTypeKernel) out.push_back(node);
+  }
+  return out;
+}
+
+std::string kernel_name(const void* func) {
+  const char* name = nullptr;
+  if (cudaFuncGetName(&name, func) != cudaSuccess || !name) {
+    cudaGetLastError();  // not sticky: the function is just not known to the runtime by name
+    return "kernel@" + hex_ptr(func);
+  }
+  return name;
+}
+
+std::string dim3_str(dim3 d) {
+  return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+}
+
+void probe_kernels(void* graph_a, void* graph_b, const std::string& label, std::vector<debug::Finding>& out) {
+  const auto ka = kernel_nodes(static_cast<cudaGraph_t>(graph_a));
+  const auto kb = kernel_nodes(static_cast<cudaGraph_t>(graph_b));
+  auto add = [&](std::string request, std::string message) {
+    debug::Finding f;
+    f.kind = std::string(debug::kind::probe_difference);
+    f.request = std::move(request);
+    f.graph = label;
+    f.message = std::move(message);
+    f.fix = "this launch is frozen at capture from a dynamic value: read the value on the device (a length buffer "
+            "updated before each replay), or derive it from a graphsafe dimension sized with a replay-safe policy";
+    out.push_back(std::move(f));
+  };
+  if (ka.size() != kb.size())
+    add("", "the captures contain " + std::to_string(ka.size()) + " and " + std::to_string(kb.size()) +
+                " kernel nodes: the work captured depends on the dynamic bindings");
+  for (std::size_t i = 0; i < std::min(ka.size(), kb.size()); ++i) {
+    cudaKernelNodeParams pa{}, pb{};
+    GRAPHSAFE_CUDA(cudaGraphKernelNodeGetParams(ka[i], &pa));
+    GRAPHSAFE_CUDA(cudaGraphKernelNodeGetParams(kb[i], &pb));
+    const std::string name = kernel_name(pa.func);
+    const std::string node = "kernel node #" + std::to_string(i) + " (" + name + ")";
+    if (pa.func != pb.func) {
+      add(name, node + ": a different kernel (" + kernel_name(pb.func) + ") is launched with the second bindings");
+      continue;
+    }
+    if (pa.gridDim.x != pb.gridDim.x || pa.gridDim.y != pb.gridDim.y || pa.gridDim.z != pb.gridDim.z ||
+        pa.blockDim.x != pb.blockDim.x || pa.blockDim.y != pb.blockDim.y || pa.blockDim.z != pb.blockDim.z ||
+        pa.sharedMemBytes != pb.sharedMemBytes)
+      add(name, node + ": launch shape differs: grid " + dim3_str(pa.gridDim) + " block " + dim3_str(pa.blockDim) +
+                    " smem " + std::to_string(pa.sharedMemBytes) + " vs grid " + dim3_str(pb.gridDim) + " block " +
+                    dim3_str(pb.blockDim) + " smem " + std::to_string(pb.sharedMemBytes));
+    if (!pa.kernelParams || !pb.kernelParams) continue;  // launched with `extra`: arguments not readable
+    for (std::size_t p = 0;; ++p) {
+      std::size_t offset = 0, size = 0;
+      if (cudaFuncGetParamInfo(pa.func, p, &offset, &size) != cudaSuccess) {
+        cudaGetLastError();  // past the last parameter (or not queryable): not sticky
+        break;
+      }
+      if (std::memcmp(pa.kernelParams[p], pb.kernelParams[p], size) != 0)
+        add(name, node + ": argument " + std::to_string(p) + " (" + std::to_string(size) + " bytes at offset " +
+                      std::to_string(offset) + ") differs: " + hex_bytes(pa.kernelParams[p], size) + " vs " +
+                      hex_bytes(pb.kernelParams[p], size));
+    }
+  }
+}
+
+std::string dynamic_values(const PlanEntry& e, const Bindings& b) {
+  std::string out;
+  if (!e.need) return out;
+  for (Symbol s : e.need->dynamic_symbols()) out += (out.empty() ? "" : ", ") + b.describe(s);
+  return out;
+}
+
+const char* kind_word(PlanEntry::Kind k) {
+  return k == PlanEntry::Kind::dimension ? "dimension" : k == PlanEntry::Kind::opaque ? "opaque request" : "workspace";
+}
+
+}  // namespace
+}  // namespace detail
+
+// ---- public debug API -----------------------------------------------------------------------------
+
+namespace debug {
+
+std::vector<Finding> check_canaries(CapturedGraph& graph, Stream s) {
+  detail::GraphState* g = graph.impl();
+  if (!g || (!g->handle.exec && !g->handle.graph))
+    throw capture_state_error("graphsafe: check_canaries on a graph that was moved from or destroyed");
+  detail::ArenaCore& core = *g->core;
+  if (!core.opts.debug || !core.guard_bytes || !core.opts.canaries) return {};
+  // Another graph of the family replayed since: the guards are its to write (it re-arms them).
+  if (g->family->dbg_last_graph != g) return {};
+  if (g->armed && g->unchecked) detail::check_graph(*g, s);
+  return g->last_overwrites;
+}
+
+std::vector<Finding> probe(Arena& arena, Stream s, const std::function<void(const Bindings&)>& fn, const Bindings& a,
+                           const Bindings& b) {
+  // One fresh family: both graphs start at the family's region base, so equal offsets mean equal
+  // pointers in the kernel arguments and only real differences show.
+  CaptureOptions o;
+  o.family = arena.family("probe");
+  CapturedGraph ga = capture(arena, s, a, fn, o);
+  CapturedGraph gb = capture(arena, s, b, fn, o);
+  const std::string label = "probe of family 'probe'";
+  std::vector<Finding> out;
+  const auto& ea = ga.plan().entries();
+  const auto& eb = gb.plan().entries();
+  auto add = [&](const PlanEntry& e, std::string message, std::string fix) {
+    Finding f;
+    f.kind = std::string(kind::probe_difference);
+    f.request = e.name;
+    f.graph = label;
+    f.site = e.site;
+    f.message = std::move(message);
+    f.fix = std::move(fix);
+    out.push_back(std::move(f));
+  };
+  const std::string size_fix =
+      "this size is frozen at capture from a dynamic value: size it with capacity_bound or static_query_bound "
+      "(through Arena::request / Arena::dimension with an Extent, if it is a plain size_t today)";
+  if (ea.size() != eb.size()) {
+    Finding f;
+    f.kind = std::string(kind::probe_difference);
+    f.graph = label;
+    f.message = "the captures made " + std::to_string(ea.size()) + " and " + std::to_string(eb.size()) +
+                " requests: which requests are made depends on the dynamic bindings";
+    f.fix = "make the same requests for every binding (size them for the largest case)";
+    out.push_back(std::move(f));
+  }
+  for (std::size_t i = 0; i < std::min(ea.size(), eb.size()); ++i) {
+    const PlanEntry& x = ea[i];
+    const PlanEntry& y = eb[i];
+    const std::string what = std::string(detail::kind_word(x.kind)) + " #" + std::to_string(i) + " '" + x.name + "'";
+    if (x.kind != y.kind || (x.kind != PlanEntry::Kind::opaque && x.name != y.name)) {
+      add(x, what + " is '" + y.name + "' in the second capture: the request sequence depends on the bindings",
+          "make the same requests in the same order for every binding");
+      continue;
+    }
+    const std::string va = detail::dynamic_values(x, a), vb = detail::dynamic_values(y, b);
+    const std::string with = va.empty() ? "" : " (" + va + " vs " + vb + ")";
+    if (x.reserved != y.reserved || x.bytes != y.bytes)
+      add(x,
+          what + " sized " + std::to_string(x.reserved) + (x.kind == PlanEntry::Kind::opaque ? " bytes" : " elements") +
+              (x.bytes ? " (" + std::to_string(x.bytes) + " B)" : "") + " vs " + std::to_string(y.reserved) +
+              (y.bytes ? " (" + std::to_string(y.bytes) + " B)" : "") + with + ", policy " + x.policy,
+          size_fix);
+    if (x.kind != PlanEntry::Kind::dimension && x.offset != y.offset)
+      add(x, what + " placed at offset " + std::to_string(x.offset) + " vs " + std::to_string(y.offset) +
+                 ": an earlier request's size depends on the bindings",
+          size_fix);
+  }
+  if (arena.backend().name() == "cuda" && ga.handle().graph && gb.handle().graph)
+    detail::probe_kernels(ga.handle().graph, gb.handle().graph, label, out);
+  for (const Finding& f : out) report_finding(f);
+  return out;
+}
+
+std::vector<AuditStep> audit_replay(Arena& arena, Stream s, const std::function<void(const Bindings&)>& fn,
+                                    const std::function<std::span<const std::byte>()>& output,
+                                    const Bindings& capture_bindings, const std::vector<Bindings>& later,
+                                    AuditOptions opts) {
+  Backend& be = arena.backend();
+  if (opts.prepare) opts.prepare(capture_bindings);
+  CapturedGraph graph = capture(arena, s, capture_bindings, fn);
+  const std::string label = "audit_replay graph (" + graph.family().name() + ")";
+  std::vector<AuditStep> steps;
+  for (std::size_t i = 0; i < later.size(); ++i) {
+    const Bindings& b = later[i];
+    AuditStep st;
+    st.step = i;
+    std::string vals;
+    for (Symbol sym : graph.plan().symbols())
+      if (sym.is_dynamic() && b.has(sym)) vals += (vals.empty() ? "" : ", ") + b.describe(sym);
+    const std::span<const std::byte> out = output();
+    void* dev = const_cast<std::byte*>(out.data());
+    const std::uint64_t n = out.size();
+    std::vector<unsigned char> eager(n), replayed(n);
+    // Eager run: every request sized for these bindings.
+    if (opts.prepare) opts.prepare(b);
+    be.fill_bytes(dev, n, opts.poison, s);
+    fn(b);
+    be.copy_to_host(eager.data(), out.data(), n, s);
+    be.synchronize(s);
+    // The graph on the same inputs.
+    if (opts.prepare) opts.prepare(b);
+    be.fill_bytes(dev, n, opts.poison, s);
+    try {
+      if (opts.bypass_guards)
+        graph.replay_unguarded_for_testing(s);
+      else
+        graph.replay(b, s);
+    } catch (const guard_failure& e) {
+      st.refused = true;
+      st.message = "step " + std::to_string(i) + " (" + vals + "): replay refused by its guard: " + e.what();
+      report_finding(kind::replay_refused, "", st.message,
+                     "the graph cannot serve these bindings: size the requests with replay-safe policies or re-capture "
+                     "at a larger bucket",
+                     "", label);
+      steps.push_back(std::move(st));
+      continue;
+    }
+    be.copy_to_host(replayed.data(), out.data(), n, s);
+    be.synchronize(s);
+    for (std::uint64_t k = 0; k < n; ++k)
+      if (eager[k] != replayed[k]) {
+        if (!st.differing_bytes) st.first_difference = k;
+        ++st.differing_bytes;
+      }
+    st.equal = st.differing_bytes == 0;
+    if (st.equal) {
+      st.message = "step " + std::to_string(i) + " (" + vals + "): equal (" + std::to_string(n) + " bytes)";
+    } else {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "eager 0x%02x, graph 0x%02x", eager[st.first_difference],
+                    replayed[st.first_difference]);
+      st.message = "step " + std::to_string(i) + " (" + vals + "): the graph's output differs from the eager run in " +
+                   std::to_string(st.differing_bytes) + " of " + std::to_string(n) + " bytes, first at byte " +
+                   std::to_string(st.first_difference) + " (" + buf + ")";
+      report_finding(kind::replay_mismatch, "", st.message,
+                     "a size, offset or launch shape frozen at capture depends on these bindings: run debug::probe on "
+                     "the capture function to see which, and size it with capacity_bound / static_query_bound",
+                     "", label);
+    }
+    steps.push_back(std::move(st));
+  }
+  return steps;
+}
+
+}  // namespace debug
+}  // namespace graphsafe

@@ -1,0 +1,165 @@
+// The process-wide debug report: findings from the arena (capture, replay, canaries), probe,
+// audit_replay and external detectors (CUPTI), printed as text and written as JSON.
+#include <graphsafe/debug.hpp>
+#include <graphsafe/error.hpp>
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+namespace graphsafe {
+namespace detail {
+
+bool debug_env_default() noexcept { return debug::env_enabled(); }
+
+}  // namespace detail
+
+namespace debug {
+
+namespace {
+
+std::string json_escape(std::string_view in) {
+  std::string out;
+  out.reserve(in.size() + 8);
+  for (unsigned char c : in) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out;
+}
+
+class Report {
+ public:
+  ~Report() {
+    // GRAPHSAFE_DEBUG_REPORT=path: write at exit. Never throw from a static destructor.
+    const char* path = std::getenv("GRAPHSAFE_DEBUG_REPORT");
+    if (!path || !*path) return;
+    try {
+      std::ofstream f(path);
+      if (f) f << json();
+      if (!f) std::fprintf(stderr, "graphsafe: cannot write the debug report to %s\n", path);
+    } catch (...) {
+    }
+  }
+
+  void add(Finding f) {
+    std::lock_guard g(m_);
+    for (Finding& e : findings_) {
+      if (e.kind == f.kind && e.request == f.request && e.graph == f.graph && e.site == f.site &&
+          e.message == f.message) {
+        e.count += f.count;
+        return;
+      }
+    }
+    findings_.push_back(std::move(f));
+  }
+  std::vector<Finding> snapshot() const {
+    std::lock_guard g(m_);
+    return findings_;
+  }
+  std::size_t size() const {
+    std::lock_guard g(m_);
+    return findings_.size();
+  }
+  void clear() {
+    std::lock_guard g(m_);
+    findings_.clear();
+  }
+  std::string json() const {
+    const auto fs = snapshot();
+    std::ostringstream os;
+    os << "{\n  \"graphsafe_debug_report\": 1,\n  \"finding_count\": " << fs.size() << ",\n  \"findings\": [";
+    for (std::size_t i = 0; i < fs.size(); ++i) {
+      const Finding& f = fs[i];
+      os << (i ? "," : "") << "\n    {\"kind\": \"" << json_escape(f.kind) << "\", \"request\": \""
+         << json_escape(f.request) << "\", \"graph\": \"" << json_escape(f.graph) << "\", \"site\": \""
+         << json_escape(f.site) << "\", \"message\": \"" << json_escape(f.message) << "\", \"fix\": \""
+         << json_escape(f.fix) << "\", \"count\": " << f.count << "}";
+    }
+    os << (fs.empty() ? "]\n}\n" : "\n  ]\n}\n");
+    return os.str();
+  }
+
+ private:
+  mutable std::mutex m_;
+  std::vector<Finding> findings_;
+};
+
+Report& report() {
+  static Report r;
+  return r;
+}
+
+}  // namespace
+
+bool env_enabled() noexcept {
+  const char* v = std::getenv("GRAPHSAFE_DEBUG");
+  if (!v) return false;
+  std::string s(v);
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return !(s.empty() || s == "0" || s == "false" || s == "off" || s == "no");
+}
+
+void report_finding(Finding f) { report().add(std::move(f)); }
+
+void report_finding(std::string_view kind, std::string_view site, std::string_view message, std::string_view fix,
+                    std::string_view request, std::string_view graph) {
+  Finding f;
+  f.kind = std::string(kind);
+  f.site = std::string(site);
+  f.message = std::string(message);
+  f.fix = std::string(fix);
+  f.request = std::string(request);
+  f.graph = std::string(graph);
+  report().add(std::move(f));
+}
+
+std::vector<Finding> findings() { return report().snapshot(); }
+std::size_t finding_count() { return report().size(); }
+void clear_findings() { report().clear(); }
+
+std::string format_finding(const Finding& f) {
+  std::string out = "  [" + f.kind + "]";
+  if (!f.request.empty()) out += " '" + f.request + "'";
+  if (!f.graph.empty()) out += " in " + f.graph;
+  if (f.count > 1) out += " (x" + std::to_string(f.count) + ")";
+  out += "\n";
+  if (!f.site.empty()) out += "    at " + f.site + "\n";
+  out += "    " + f.message + "\n";
+  if (!f.fix.empty()) out += "    fix: " + f.fix + "\n";
+  return out;
+}
+
+std::string report_text() {
+  const auto fs = findings();
+  std::string out = "graphsafe debug report: " + std::to_string(fs.size()) + " finding(s)\n";
+  for (const Finding& f : fs) out += format_finding(f);
+  return out;
+}
+
+std::string report_json() { return report().json(); }
+
+void write_report(const std::string& path) {
+  std::ofstream f(path);
+  if (f) f << report_json();
+  if (!f) throw error("graphsafe: cannot write the debug report to '" + path + "' (check the directory exists and is writable)");
+}
+
+}  // namespace debug
+}  // namespace graphsafe

@@ -1,0 +1,614 @@
+// Virtual growth: see virtual_commit.hpp and docs/virtual_growth.md.
+#include "virtual_commit.hpp"
+
+#include "arena_core.hpp"
+
+#include <graphsafe/error.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <mutex>
+
+namespace graphsafe {
+namespace detail {
+
+namespace {
+
+std::uint64_t mul_bytes(std::int64_t elems, std::uint64_t element_bytes, const std::string& name) {
+  std::uint64_t out;
+  if (elems < 0 || __builtin_mul_overflow(static_cast<std::uint64_t>(elems), element_bytes, &out))
+    throw overflow_error("graphsafe: footprint of '" + name + "' (" + std::to_string(elems) + " x " +
+                         std::to_string(element_bytes) + " bytes) overflows 64-bit byte counts");
+  return out;
+}
+
+[[noreturn]] void footprint_overflow(const VirtualItem& it, std::int64_t request, std::uint64_t end_bytes,
+                                     const std::string& values) {
+  GuardViolation v;
+  v.request = it.name;
+  v.policy = "footprint";
+  v.required = static_cast<std::int64_t>(end_bytes / it.element_bytes);
+  v.reserved = static_cast<std::int64_t>(it.bytes / it.element_bytes);
+  v.symbols = values;
+  std::string where = request >= 0 ? " for request " + std::to_string(request) : std::string();
+  throw guard_failure("graphsafe: replay refused before launch: the footprint of '" + it.name + "'" + where +
+                          " reaches element " + std::to_string(v.required) + " but the capture reserved " +
+                          std::to_string(v.reserved) + " elements of address space (" + values +
+                          "); the footprint is wrong or the request's bound is too small",
+                      {v});
+}
+
+// Evaluates per-request lengths: the bindings of the replay with the element symbol set.
+struct ElementEval {
+  Bindings b;
+  explicit ElementEval(const Bindings& src) : b(src) {}
+  // Length in elements for value v; nullopt when it overflows.
+  std::optional<std::int64_t> at(const VirtualItem::Range& r, Symbol elem, std::int64_t v) {
+    try {
+      b.set(elem, v);
+      return r.length.evaluate(b);
+    } catch (const overflow_error&) {
+      return std::nullopt;
+    }
+  }
+};
+
+std::int64_t search_cap(Symbol batch) {
+  if (auto c = batch.capacity()) return *c;
+  return std::int64_t(1) << 40;
+}
+
+}  // namespace
+
+// ---- VirtualFamily -------------------------------------------------------------------------------
+
+VirtualFamily::~VirtualFamily() {
+  try {
+    std::lock_guard g(m);
+    unmap_except({});
+  } catch (...) {
+  }
+  if (auto c = core.lock(); c && c->opts.debug) c->debug_slab_removed(base);
+  if (vm && base) vm->unreserve(base, va_bytes);
+}
+
+std::uint64_t VirtualFamily::commit(std::uint64_t off, std::uint64_t len) {
+  if (len == 0) return 0;
+  if (off + len > va_bytes)
+    throw out_of_memory_error("graphsafe: family '" + name + "' needs bytes up to " + std::to_string(off + len) +
+                              " but its virtual reservation holds " + std::to_string(va_bytes) +
+                              "; raise ArenaOptions::virtual_reserve_bytes");
+  const std::uint64_t g0 = off / granule, g1 = (off + len - 1) / granule + 1;
+  if (chunk.size() < g1) chunk.resize(g1, 0);
+  std::uint64_t added = 0;
+  for (std::uint64_t g = g0; g < g1;) {
+    if (chunk[g]) {
+      ++g;
+      continue;
+    }
+    std::uint64_t e = g;
+    while (e < g1 && !chunk[e]) ++e;
+    std::vector<std::uint64_t> handles(e - g);
+    vm->map(base + g * granule, e - g, handles.data());  // all or nothing
+    for (std::uint64_t i = g; i < e; ++i) chunk[i] = handles[i - g] + 1;
+    added += e - g;
+    mapped += e - g;
+    g = e;
+  }
+  return added;
+}
+
+std::uint64_t VirtualFamily::covered_end(std::uint64_t off, std::uint64_t limit) const {
+  std::uint64_t g = off / granule;
+  if (!is_mapped(g)) return off;
+  while ((g + 1) * granule < limit && is_mapped(g + 1)) ++g;
+  return std::min((g + 1) * granule, limit);
+}
+
+void VirtualFamily::unmap_except(const std::vector<bool>& keep) {
+  std::uint64_t dropped = 0;
+  std::exception_ptr first;
+  for (std::uint64_t g = 0; g < chunk.size();) {
+    if (!chunk[g] || (g < keep.size() && keep[g])) {
+      ++g;
+      continue;
+    }
+    std::uint64_t e = g;
+    std::vector<std::uint64_t> handles;
+    while (e < chunk.size() && chunk[e] && !(e < keep.size() && keep[e])) handles.push_back(chunk[e++] - 1);
+    try {
+      vm->unmap(base + g * granule, e - g, handles.data());
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+    for (std::uint64_t i = g; i < e; ++i) chunk[i] = 0;
+    mapped -= e - g;
+    dropped += e - g;
+    g = e;
+  }
+  if (dropped) epoch.fetch_add(1, std::memory_order_acq_rel);
+  if (first) std::rethrow_exception(first);
+}
+
+// ---- VirtualPlan ---------------------------------------------------------------------------------
+
+VirtualPlan::~VirtualPlan() {
+  if (!registered || !fam) return;
+  std::lock_guard g(fam->m);
+  fam->plans.erase(std::remove(fam->plans.begin(), fam->plans.end(), this), fam->plans.end());
+}
+
+namespace {
+
+// Commit what element i of a per-request item needs at value v (fam->m held).
+void commit_element(VirtualFamily& f, const VirtualItem& it, std::size_t i, std::int64_t v, ElementEval& ev) {
+  const std::uint64_t base = it.offset + i * it.stride_bytes;
+  for (const VirtualItem::Range& r : it.ranges) {
+    const auto len = ev.at(r, *it.elem, v);
+    if (!len) footprint_overflow(it, static_cast<std::int64_t>(i), std::numeric_limits<std::uint64_t>::max(),
+                                 it.batch->name() + "[" + std::to_string(i) + "] = " + std::to_string(v));
+    if (*len <= 0) continue;
+    const std::uint64_t start = base + r.offset_bytes;
+    const std::uint64_t bytes = mul_bytes(*len, it.element_bytes, it.name);
+    if (start + bytes > it.offset + it.bytes)
+      footprint_overflow(it, static_cast<std::int64_t>(i), start + bytes - it.offset,
+                         it.batch->name() + "[" + std::to_string(i) + "] = " + std::to_string(v));
+    f.commit(start, bytes);
+  }
+}
+
+// Largest value (>= v) element i of `it` may take with what is mapped now (fam->m held).
+std::int64_t element_threshold(const VirtualFamily& f, const VirtualItem& it, std::size_t i, std::int64_t v,
+                               ElementEval& ev) {
+  const std::int64_t cap = search_cap(*it.batch);
+  std::int64_t best = std::max(cap, v);
+  const std::uint64_t base = it.offset + i * it.stride_bytes, item_end = it.offset + it.bytes;
+  for (const VirtualItem::Range& r : it.ranges) {
+    const std::uint64_t start = base + r.offset_bytes;
+    const std::uint64_t limit = start >= item_end ? start : f.covered_end(start, item_end);
+    auto ok = [&](std::int64_t x) {
+      const auto len = ev.at(r, *it.elem, x);
+      if (!len) return false;
+      if (*len <= 0) return true;
+      std::uint64_t bytes;
+      if (__builtin_mul_overflow(static_cast<std::uint64_t>(*len), it.element_bytes, &bytes)) return false;
+      return start + bytes <= limit;
+    };
+    std::int64_t lo = v, hi = best;  // ok(lo) holds (just committed); find the largest ok value
+    if (!ok(lo)) return v;           // (defensive: never trust more than what was checked)
+    if (ok(hi)) continue;
+    while (hi - lo > 1) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      (ok(mid) ? lo : hi) = mid;
+    }
+    best = std::min(best, lo);
+  }
+  return best;
+}
+
+std::int64_t prefix_threshold(const VirtualFamily& f, const VirtualItem& it) {
+  const std::uint64_t end = f.covered_end(it.offset, it.offset + it.bytes);
+  return static_cast<std::int64_t>((end - it.offset) / it.element_bytes);
+}
+
+void commit_prefix(VirtualFamily& f, VirtualItem& it, const Bindings& b) {
+  const std::int64_t need = it.length->evaluate(b);
+  const std::uint64_t bytes = mul_bytes(need, it.element_bytes, it.name);
+  if (bytes > it.bytes) footprint_overflow(it, -1, bytes, it.length->to_string() + " = " + std::to_string(need));
+  f.commit(it.offset, bytes);
+  it.prefix_ok = prefix_threshold(f, it);
+}
+
+std::span<const std::int64_t> batch_values(const VirtualItem& it, const Bindings& b) {
+  const auto v = b.values(*it.batch);
+  if (v.size() != it.count)
+    throw guard_failure("graphsafe: replay refused before launch: '" + it.name + "' was captured for " +
+                            std::to_string(it.count) + " requests of " + it.batch->name() + " but the bindings have " +
+                            std::to_string(v.size()) + "; replay the graph captured for this batch",
+                        {});
+  return v;
+}
+
+// Everything the item needs under b, plus what is always mapped (first granule, guard region).
+void commit_item(VirtualFamily& f, VirtualItem& it, const Bindings& b) {
+  if (it.bytes) f.commit(it.offset, 1);  // base pointers are common dummies for predicated-off loads
+  f.commit(it.offset + it.bytes, it.extra);
+  switch (it.kind) {
+    case VirtualItem::Kind::fixed:
+      f.commit(it.offset, it.fixed_bytes);
+      break;
+    case VirtualItem::Kind::prefix:
+      commit_prefix(f, it, b);
+      break;
+    case VirtualItem::Kind::per_request: {
+      const auto v = batch_values(it, b);
+      ElementEval ev(b);
+      for (std::size_t i = 0; i < v.size(); ++i) commit_element(f, it, i, v[i], ev);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+void VirtualPlan::commit_slow(const Bindings& b, bool full) {
+  VirtualFamily& f = *fam;
+  std::lock_guard g(f.m);
+  const std::uint64_t before = f.mapped;
+  const std::uint64_t ep = f.epoch.load(std::memory_order_acquire);
+  ++slow;
+  if (full || epoch != ep) {
+    epoch = 0;
+    for (auto [off, len] : gaps) f.commit(off, len);
+    for (VirtualItem& it : items) commit_item(f, it, b);
+    ElementEval ev(b);
+    for (VirtualGate& gt : gates) {
+      const auto v = b.values(gt.batch);
+      gt.thr.assign(v.size(), std::numeric_limits<std::int64_t>::max());
+      for (std::size_t i = 0; i < v.size(); ++i)
+        for (std::size_t k : gt.items) gt.thr[i] = std::min(gt.thr[i], element_threshold(f, items[k], i, v[i], ev));
+    }
+  } else {
+    ElementEval ev(b);
+    for (VirtualGate& gt : gates) {
+      const auto v = b.values(gt.batch);
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (v[i] <= gt.thr[i]) continue;
+        for (std::size_t k : gt.items) commit_element(f, items[k], i, v[i], ev);
+        std::int64_t t = std::numeric_limits<std::int64_t>::max();
+        for (std::size_t k : gt.items) t = std::min(t, element_threshold(f, items[k], i, v[i], ev));
+        gt.thr[i] = t;
+      }
+    }
+    for (std::size_t k : prefix_items)
+      if (items[k].length->evaluate(b) > items[k].prefix_ok) commit_prefix(f, items[k], b);
+  }
+  // Mapping never removes anything, so thresholds computed now hold until the next unmap.
+  epoch = f.epoch.load(std::memory_order_acquire);
+  if (f.mapped > before) ++grew;
+}
+
+bool VirtualPlan::mark_needed(const Bindings& b, std::vector<bool>& keep) const {
+  const std::uint64_t G = fam->granule;
+  std::vector<bool> mine;
+  auto mark = [&](std::uint64_t off, std::uint64_t len) {
+    if (len == 0) return;
+    const std::uint64_t g1 = (off + len - 1) / G + 1;
+    if (mine.size() < g1) mine.resize(g1, false);
+    for (std::uint64_t g = off / G; g < g1; ++g) mine[g] = true;
+  };
+  try {
+    for (auto [off, len] : gaps) mark(off, len);
+    for (const VirtualItem& it : items) {
+      if (it.bytes) mark(it.offset, 1);
+      mark(it.offset + it.bytes, it.extra);
+      switch (it.kind) {
+        case VirtualItem::Kind::fixed: mark(it.offset, it.fixed_bytes); break;
+        case VirtualItem::Kind::prefix:
+          mark(it.offset, std::min<std::uint64_t>(it.bytes, mul_bytes(it.length->evaluate(b), it.element_bytes, it.name)));
+          break;
+        case VirtualItem::Kind::per_request: {
+          const auto v = b.values(*it.batch);
+          if (v.size() != it.count) return false;  // bindings of another batch size: keep nothing for it
+          ElementEval ev(b);
+          for (std::size_t i = 0; i < v.size(); ++i)
+            for (const auto& r : it.ranges) {
+              const auto len = ev.at(r, *it.elem, v[i]);
+              if (!len || *len <= 0) continue;
+              const std::uint64_t start = it.offset + i * it.stride_bytes + r.offset_bytes;
+              const std::uint64_t end = std::min(start + mul_bytes(*len, it.element_bytes, it.name), it.offset + it.bytes);
+              if (end > start) mark(start, end - start);
+            }
+          break;
+        }
+      }
+    }
+  } catch (const error&) {
+    return false;  // the bindings do not fit this graph (unbound symbol, ...): keep nothing for it
+  }
+  if (keep.size() < mine.size()) keep.resize(mine.size(), false);
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    if (mine[i]) keep[i] = true;
+  return true;
+}
+
+void VirtualPlan::need_of(const Bindings& b, std::uint64_t& exact, std::uint64_t& granules) const {
+  exact = 0;
+  std::vector<std::uint64_t> gs;
+  const std::uint64_t G = fam->granule;
+  auto add = [&](std::uint64_t off, std::uint64_t len) {
+    if (len == 0) return;
+    exact += len;
+    for (std::uint64_t g = off / G; g <= (off + len - 1) / G; ++g) gs.push_back(g);
+  };
+  for (const VirtualItem& it : items) {
+    switch (it.kind) {
+      case VirtualItem::Kind::fixed: add(it.offset, it.fixed_bytes); break;
+      case VirtualItem::Kind::prefix: add(it.offset, mul_bytes(it.length->evaluate(b), it.element_bytes, it.name)); break;
+      case VirtualItem::Kind::per_request: {
+        const auto v = b.values(*it.batch);
+        ElementEval ev(b);
+        for (std::size_t i = 0; i < v.size(); ++i)
+          for (const auto& r : it.ranges) {
+            const auto len = ev.at(r, *it.elem, v[i]);
+            if (len && *len > 0)
+              add(it.offset + i * it.stride_bytes + r.offset_bytes, mul_bytes(*len, it.element_bytes, it.name));
+          }
+        break;
+      }
+    }
+  }
+  std::sort(gs.begin(), gs.end());
+  granules = static_cast<std::uint64_t>(std::unique(gs.begin(), gs.end()) - gs.begin()) * G;
+}
+
+// ---- arena hooks ---------------------------------------------------------------------------------
+
+void virtual_begin_session(ArenaCore& core, SessionState& st) {
+  Family& f = *st.family;
+  {
+    std::lock_guard g(core.lock);
+    if (f.capturing)
+      throw capture_state_error("graphsafe: family '" + f.name +
+                                "' is already capturing a graph; capture the graphs of one family one after another");
+    f.capturing = true;
+    if (!core.virt) core.virt = std::make_shared<VirtualRegistry>();
+  }
+  try {
+    if (!f.virt) {
+      auto vf = std::make_shared<VirtualFamily>();
+      vf->vm = core.opts.virtual_memory;
+      vf->core = core.weak_from_this();
+      vf->name = f.name;
+      vf->granule = vf->vm->granularity();
+      // Address space is cheap but not unlimited: halve down to 1 GiB when the reservation fails.
+      std::uint64_t want = std::max<std::uint64_t>(core.opts.virtual_reserve_bytes, vf->granule);
+      for (;;) {
+        try {
+          vf->base = vf->vm->reserve(want);
+          vf->va_bytes = (want + vf->granule - 1) / vf->granule * vf->granule;
+          break;
+        } catch (const out_of_memory_error&) {
+          if (want <= (1ull << 30)) throw;
+          want /= 2;
+        }
+      }
+      if (core.opts.debug) {
+        std::lock_guard g(core.lock);
+        core.debug_slab_added(vf->base, vf->va_bytes);  // NVTX: the range is the workspaces' heap
+      }
+      f.virt = std::move(vf);
+      std::lock_guard g(core.virt->m);
+      core.virt->families.push_back(st.family);
+    } else if (f.virt->vm != core.opts.virtual_memory) {
+      throw invalid_argument_error("graphsafe: family '" + f.name +
+                                   "' was captured through another VirtualMemory; a family belongs to one arena");
+    }
+  } catch (...) {
+    std::lock_guard g(core.lock);
+    f.capturing = false;
+    throw;
+  }
+  st.base = f.virt->base;
+  st.limit = f.virt->va_bytes;
+  st.bump = 0;
+  st.virt = std::make_shared<VirtualPlan>();
+  st.virt->fam = f.virt;
+}
+
+void virtual_end_session(ArenaCore& core, SessionState& st, bool success) {
+  Family& f = *st.family;
+  const std::uint64_t used = align_up(st.bump, kAlignment);
+  {
+    std::lock_guard g(core.lock);
+    f.capturing = false;
+    if (success) {
+      f.largest_plan = std::max(f.largest_plan, used);
+      f.sum_plans += used;
+    }
+  }
+  VirtualPlan& p = *st.virt;
+  VirtualFamily& vf = *p.fam;
+  std::lock_guard g(vf.m);
+  if (!success) {
+    // Nothing of this capture survives; with no graph left, nothing of the family does either.
+    std::uint64_t graphs;
+    {
+      std::lock_guard lk(core.lock);
+      graphs = f.graphs;
+    }
+    if (graphs == 0) {
+      try {
+        vf.unmap_except({});
+      } catch (...) {
+      }
+    }
+    return;
+  }
+  if (used > p.placed_to) p.gaps.emplace_back(p.placed_to, used - p.placed_to);
+  try {
+    for (auto [off, len] : p.gaps) vf.commit(off, len);
+  } catch (...) {
+    // The first replay commits everything again (and refuses to launch if it still cannot).
+  }
+  p.epoch = 0;  // thresholds are computed by the first replay, for its bindings
+  vf.plans.push_back(&p);
+  p.registered = true;
+}
+
+namespace {
+VirtualItem& new_item(SessionState& st, std::uint64_t offset, std::uint64_t bytes, std::uint64_t extra,
+                      std::uint64_t element_bytes, std::string_view name) {
+  VirtualPlan& p = *st.virt;
+  if (offset > p.placed_to) p.gaps.emplace_back(p.placed_to, offset - p.placed_to);  // placed by others
+  p.placed_to = std::max(p.placed_to, offset + bytes + extra);
+  VirtualItem& it = p.items.emplace_back();
+  it.name = std::string(name);
+  it.offset = offset;
+  it.bytes = bytes;
+  it.extra = extra;
+  it.element_bytes = element_bytes;
+  return it;
+}
+}  // namespace
+
+void virtual_place(SessionState& st, std::uint64_t offset, std::uint64_t bytes, std::uint64_t extra,
+                   std::uint64_t element_bytes, const Extent& need, const Footprint* touched, const Bindings& b,
+                   std::string_view name) {
+  VirtualPlan& p = *st.virt;
+  VirtualItem& it = new_item(st, offset, bytes, extra, element_bytes, name);
+  const Footprint::Kind k = touched ? touched->kind() : Footprint::Kind::whole;
+  if (k == Footprint::Kind::per_request) {
+    it.kind = VirtualItem::Kind::per_request;
+    it.batch = touched->batch();
+    it.elem = touched->element_symbol();
+    it.stride_bytes = mul_bytes(touched->stride()->evaluate(b), element_bytes, it.name);
+    it.count = b.values(*it.batch).size();
+    for (const FootprintRange& r : touched->ranges())
+      it.ranges.push_back({mul_bytes(r.offset.evaluate(b), element_bytes, it.name), r.length});
+    auto gate = std::find_if(p.gates.begin(), p.gates.end(), [&](const VirtualGate& g) { return g.batch == *it.batch; });
+    if (gate == p.gates.end()) gate = p.gates.insert(p.gates.end(), VirtualGate{*it.batch, {}, {}});
+    gate->items.push_back(p.items.size() - 1);
+  } else {
+    const Extent len = k == Footprint::Kind::prefix ? *touched->length() : need;
+    if (len.is_static()) {
+      it.kind = VirtualItem::Kind::fixed;
+      it.fixed_bytes = std::min(bytes, mul_bytes(len.evaluate(b), element_bytes, it.name));
+    } else {
+      it.kind = VirtualItem::Kind::prefix;
+      it.length = len;
+      p.prefix_items.push_back(p.items.size() - 1);
+    }
+  }
+  // The capture-time need is mapped now (driver calls in relaxed capture mode: not in the graph).
+  VirtualFamily& f = *p.fam;
+  std::lock_guard g(f.m);
+  for (auto [off, len] : p.gaps) f.commit(off, len);
+  commit_item(f, it, b);
+}
+
+void virtual_place_bytes(SessionState& st, std::uint64_t offset, std::uint64_t bytes, std::string_view name) {
+  VirtualPlan& p = *st.virt;
+  VirtualItem& it = new_item(st, offset, bytes, 0, 1, name);
+  it.kind = VirtualItem::Kind::fixed;
+  it.fixed_bytes = bytes;
+  VirtualFamily& f = *p.fam;
+  std::lock_guard g(f.m);
+  for (auto [off, len] : p.gaps) f.commit(off, len);
+  commit_item(f, it, Bindings());
+}
+
+void virtual_graph_destroyed(ArenaCore& core, Family& f) noexcept {
+  if (!f.virt) return;
+  VirtualFamily& vf = *f.virt;
+  std::lock_guard g(vf.m);
+  bool idle;
+  {
+    std::lock_guard lk(core.lock);
+    idle = f.graphs == 0 && !f.capturing;
+  }
+  // The family's last graph is gone (its replays were synchronized): its chunks go back to the pool.
+  if (idle) {
+    try {
+      vf.unmap_except({});
+    } catch (...) {
+    }
+  }
+}
+
+}  // namespace detail
+
+// ---- public API ----------------------------------------------------------------------------------
+
+Workspace Arena::request(Stream s, std::string_view name, const Extent& need, std::uint64_t element_bytes,
+                         const SizingPolicy& policy, const Bindings& b, const Footprint& touched,
+                         std::source_location loc) {
+  return core_->request(s, name, need, element_bytes, policy, b, loc, &touched);
+}
+
+namespace {
+void shrink_impl(detail::ArenaCore& core, Stream s, const Bindings* keep_for) {
+  if (core.backend.capture_info(s).active)
+    throw capture_state_error("graphsafe: shrink() on a capturing stream; shrink outside capture");
+  if (!core.virt) return;
+  std::vector<std::shared_ptr<detail::Family>> fams;
+  {
+    std::lock_guard g(core.virt->m);
+    auto& v = core.virt->families;
+    v.erase(std::remove_if(v.begin(), v.end(), [](const auto& w) { return w.expired(); }), v.end());
+    for (auto& w : v)
+      if (auto f = w.lock()) fams.push_back(std::move(f));
+  }
+  for (auto& f : fams) {
+    void* last;
+    {
+      std::lock_guard g(core.lock);
+      if (f->capturing)
+        throw capture_state_error("graphsafe: shrink() while family '" + f->name +
+                                  "' is capturing; shrink between captures");
+      last = f->last_stream;
+    }
+    // No replay may be in flight when memory is unmapped.
+    core.backend.synchronize(s);
+    if (last && last != s.handle()) core.backend.synchronize(Stream(static_cast<cudaStream_t>(last)));
+    if (!f->virt) continue;
+    detail::VirtualFamily& vf = *f->virt;
+    std::lock_guard g(vf.m);
+    std::vector<bool> keep;
+    if (keep_for)
+      for (const detail::VirtualPlan* p : vf.plans) p->mark_needed(*keep_for, keep);
+    vf.unmap_except(keep);
+  }
+}
+}  // namespace
+
+void Arena::shrink(Stream s) { shrink_impl(*core_, s, nullptr); }
+void Arena::shrink(Stream s, const Bindings& keep_for) { shrink_impl(*core_, s, &keep_for); }
+
+std::uint64_t Arena::committed_bytes() const {
+  if (!core_->virt) return 0;
+  std::uint64_t total = 0;
+  std::lock_guard g(core_->virt->m);
+  for (auto& w : core_->virt->families)
+    if (auto f = w.lock(); f && f->virt) {
+      std::lock_guard lk(f->virt->m);
+      total += f->virt->mapped * f->virt->granule;
+    }
+  return total;
+}
+
+namespace {
+detail::GraphState& live_graph(const std::unique_ptr<detail::GraphState>& s) {
+  if (!s || (!s->handle.exec && !s->handle.graph))
+    throw capture_state_error("graphsafe: use of a graph that was moved from or destroyed");
+  return *s;
+}
+}  // namespace
+
+void CapturedGraph::commit(const Bindings& b) {
+  detail::GraphState& g = live_graph(state_);
+  if (g.virt) detail::virtual_commit(*g.virt, b);
+}
+
+VirtualGraphStats CapturedGraph::virtual_stats(const Bindings* b) const {
+  const detail::GraphState& g = live_graph(state_);
+  VirtualGraphStats st;
+  st.reserved_bytes = g.plan.bytes();
+  if (!g.virt) return st;
+  const detail::VirtualPlan& p = *g.virt;
+  st.virtual_mode = true;
+  st.va_bytes = p.fam->va_bytes;
+  st.granularity = p.fam->granule;
+  {
+    std::lock_guard lk(p.fam->m);
+    st.committed_bytes = p.fam->mapped * p.fam->granule;
+  }
+  st.workspaces = p.items.size();
+  st.fast_commits = p.fast;
+  st.slow_commits = p.slow;
+  st.grow_events = p.grew;
+  if (b) p.need_of(*b, st.exact_need_bytes, st.granule_need_bytes);
+  return st;
+}
+
+}  // namespace graphsafe

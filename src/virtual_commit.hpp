@@ -1,0 +1,144 @@
+// Virtual growth (ArenaOptions::virtual_memory): per-family address-space reservations, the commit
+// map of mapped granules, and each captured graph's footprints with the per-request thresholds
+// that make the replay path's check a few integer compares. docs/virtual_growth.md.
+#pragma once
+
+#include <graphsafe/bindings.hpp>
+#include <graphsafe/extent.hpp>
+#include <graphsafe/footprint.hpp>
+#include <graphsafe/stream.hpp>
+#include <graphsafe/virtual_memory.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace graphsafe::detail {
+
+class ArenaCore;
+struct Family;
+struct SessionState;
+struct VirtualPlan;
+
+// One family's address range and what is mapped in it. Graphs of a family overlap in the range
+// (plans start at offset 0), so they share the mapped granules.
+struct VirtualFamily {
+  std::shared_ptr<VirtualMemory> vm;
+  std::weak_ptr<ArenaCore> core;  // debug mode: NVTX heap registration
+  std::string name;
+  std::uintptr_t base = 0;
+  std::uint64_t va_bytes = 0;
+  std::uint64_t granule = 0;
+  mutable std::mutex m;
+  std::vector<std::uint64_t> chunk;  // per granule: chunk handle + 1, 0 = unmapped (grows lazily)
+  std::uint64_t mapped = 0;          // granules mapped
+  std::atomic<std::uint64_t> epoch{1};  // bumped when anything is unmapped (thresholds go stale)
+  std::vector<VirtualPlan*> plans;      // live graphs' plans
+
+  ~VirtualFamily();
+  // Under m. Map the granules covering [off, off + len) that are not mapped; returns how many.
+  std::uint64_t commit(std::uint64_t off, std::uint64_t len);
+  bool is_mapped(std::uint64_t granule_index) const {
+    return granule_index < chunk.size() && chunk[granule_index] != 0;
+  }
+  // Under m. End of the mapped run starting at `off`'s granule, clamped to `limit` (`off` when
+  // that granule is not mapped).
+  std::uint64_t covered_end(std::uint64_t off, std::uint64_t limit) const;
+  // Under m. Unmap every mapped granule for which keep[g] is false (keep may be shorter: false).
+  void unmap_except(const std::vector<bool>& keep);
+};
+
+struct VirtualItem {
+  enum class Kind : std::uint8_t { fixed, prefix, per_request };
+  Kind kind = Kind::fixed;
+  std::string name;
+  std::uint64_t offset = 0;         // bytes from the family's base
+  std::uint64_t bytes = 0;          // reserved bytes (the workspace)
+  std::uint64_t extra = 0;          // bytes after it always mapped (debug mode's guard region)
+  std::uint64_t element_bytes = 1;
+  std::uint64_t fixed_bytes = 0;    // fixed: bytes touched (static)
+  std::optional<Extent> length;     // prefix: elements touched
+  std::int64_t prefix_ok = -1;      // prefix: elements known mapped (fast check)
+  std::optional<Symbol> batch, elem;  // per_request
+  std::uint64_t stride_bytes = 0;
+  std::size_t count = 0;            // batch length at capture
+  struct Range {
+    std::uint64_t offset_bytes;
+    Extent length;  // elements, in `elem`
+  };
+  std::vector<Range> ranges;
+};
+
+struct VirtualGate {
+  Symbol batch;
+  std::vector<std::int64_t> thr;    // per request: values up to this need nothing new
+  std::vector<std::size_t> items;   // per_request items over this batch symbol
+};
+
+struct VirtualPlan {
+  std::shared_ptr<VirtualFamily> fam;
+  std::vector<VirtualItem> items;
+  std::vector<VirtualGate> gates;
+  std::vector<std::size_t> prefix_items;  // dynamic prefix items
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> gaps;  // placed bytes no item describes
+  std::uint64_t placed_to = 0;   // end of the last item (gap tracking during capture)
+  std::uint64_t epoch = 0;       // family epoch the thresholds hold for (0: none yet)
+  bool registered = false;
+  std::uint64_t fast = 0, slow = 0, grew = 0;
+
+  VirtualPlan() = default;
+  VirtualPlan(const VirtualPlan&) = delete;
+  VirtualPlan& operator=(const VirtualPlan&) = delete;
+  ~VirtualPlan();
+
+  // Map what `b` needs that is not mapped, and recompute the thresholds that moved. `full`:
+  // everything (first replay, after a shrink).
+  void commit_slow(const Bindings& b, bool full);
+  // Mark the granules `b` needs (for shrink); false when `b` does not fit this graph.
+  bool mark_needed(const Bindings& b, std::vector<bool>& keep) const;
+  // Exact bytes and touched granules under `b` (stats).
+  void need_of(const Bindings& b, std::uint64_t& exact, std::uint64_t& granules) const;
+};
+
+// The replay path (after the guards): nothing grew -> a compare per request, per gate.
+inline void virtual_commit(VirtualPlan& p, const Bindings& b) {
+  if (p.epoch != p.fam->epoch.load(std::memory_order_acquire)) [[unlikely]]
+    return p.commit_slow(b, true);
+  for (const VirtualGate& g : p.gates) {
+    const std::span<const std::int64_t> v = b.values(g.batch);
+    if (v.size() != g.thr.size()) [[unlikely]]
+      return p.commit_slow(b, true);  // reports the mismatch
+    const std::int64_t* t = g.thr.data();
+    bool grew = false;
+    for (std::size_t i = 0; i < v.size(); ++i) grew |= v[i] > t[i];
+    if (grew) [[unlikely]]
+      return p.commit_slow(b, false);
+  }
+  for (std::size_t i : p.prefix_items)
+    if (p.items[i].length->evaluate(b) > p.items[i].prefix_ok) [[unlikely]]
+      return p.commit_slow(b, false);
+  ++p.fast;
+}
+
+// The arena's virtual families (for shrink), held by ArenaCore::virt.
+struct VirtualRegistry {
+  std::mutex m;
+  std::vector<std::weak_ptr<Family>> families;
+};
+
+// Hooks from the arena (called only when ArenaOptions::virtual_memory is set).
+void virtual_begin_session(ArenaCore& core, SessionState& st);
+void virtual_end_session(ArenaCore& core, SessionState& st, bool success);
+void virtual_place(SessionState& st, std::uint64_t offset, std::uint64_t bytes, std::uint64_t extra,
+                   std::uint64_t element_bytes, const Extent& need, const Footprint* touched, const Bindings& b,
+                   std::string_view name);
+void virtual_place_bytes(SessionState& st, std::uint64_t offset, std::uint64_t bytes, std::string_view name);
+void virtual_graph_destroyed(ArenaCore& core, Family& f) noexcept;
+
+}  // namespace graphsafe::detail

@@ -1,0 +1,303 @@
+// Debug mode on a real GPU: capture findings, probe of kernel arguments (cudaGraphKernelNodeGetParams
+// + cudaFuncGetParamInfo), canaries checked after replays, concurrent family replays, audit_replay on
+// the seed's regression, NVTX registration compiled in (compute-sanitizer: examples/nvtx_overflow_demo).
+#include <catch2/catch.hpp>
+
+#include <graphsafe/debug.hpp>
+#include <graphsafe/graphsafe.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+using namespace graphsafe;
+
+namespace {
+
+constexpr int kWindow = 4;
+constexpr int kRatio = 4;
+constexpr int kMaxLen = 512;
+constexpr int kOutW = kMaxLen / kRatio + kWindow;
+constexpr int kThreads = 128;
+
+__host__ __device__ inline std::int64_t cmp_value(int b, int c) { return 1'000'000LL * (b + 1) + 500'000 + c; }
+__host__ __device__ inline std::int64_t swa_value(int b, int pos) { return 1'000'000LL * (b + 1) + pos; }
+
+__global__ void fill_kernel(std::int64_t* ws, std::int64_t count, std::int64_t value) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    ws[i] = value;
+}
+
+__global__ void gather_kernel(std::int64_t* ws, std::int64_t N, std::int64_t M, const int* lens) {
+  const int b = blockIdx.x;
+  const int L = lens[b], n_c = L / kRatio, gb = L < kWindow ? L : kWindow;
+  for (int c = threadIdx.x; c < n_c; c += blockDim.x) ws[b * M + c] = cmp_value(b, c);
+  __syncthreads();
+  for (int i = threadIdx.x; i < gb; i += blockDim.x) ws[b * M + N + i] = swa_value(b, L - gb + i);
+}
+
+__global__ void attend_kernel(const std::int64_t* ws, std::int64_t N, std::int64_t M, const int* lens,
+                              std::int64_t* out) {
+  const int b = blockIdx.x;
+  const int L = lens[b], n_c = L / kRatio, gb = L < kWindow ? L : kWindow;
+  for (int c = threadIdx.x; c < n_c; c += blockDim.x) out[b * kOutW + c] = ws[b * M + c];
+  for (int i = threadIdx.x; i < gb; i += blockDim.x) out[b * kOutW + n_c + i] = ws[b * M + N + i];
+}
+
+struct StreamHolder {
+  cudaStream_t s = nullptr;
+  StreamHolder() { GRAPHSAFE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~StreamHolder() {
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+  }
+  StreamHolder(const StreamHolder&) = delete;
+  StreamHolder& operator=(const StreamHolder&) = delete;
+};
+
+template <class T>
+struct DevBuf {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit DevBuf(std::size_t count) : n(count) {
+    GRAPHSAFE_CUDA(cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(n, 1) * sizeof(T)));
+    GRAPHSAFE_CUDA(cudaMemset(p, 0, std::max<std::size_t>(n, 1) * sizeof(T)));
+  }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void upload(const std::vector<T>& v, cudaStream_t s) {
+    REQUIRE(v.size() <= n);
+    GRAPHSAFE_CUDA(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+    GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
+  }
+};
+
+struct Model {
+  Symbol R = Symbol::fixed("requests");
+  Symbol W = Symbol::fixed("window");
+  Symbol L = Symbol::batch("seq_lens", R, kMaxLen);
+  Extent n_c = max_over(L, [](const Extent& l) { return floor_div(l, kRatio); });
+  Extent g = max_over(L, [&](const Extent& l) { return min(l, Extent(W)); });
+  Bindings bind(const std::vector<int>& lens) const {
+    Bindings b;
+    b.set(R, static_cast<std::int64_t>(lens.size())).set(W, kWindow);
+    b.set(L, std::span<const std::int32_t>(lens.data(), lens.size()));
+    return b;
+  }
+};
+
+// The seed's decode step through the arena: two dimensions, the workspace, three kernels.
+struct Step {
+  Arena& arena;
+  cudaStream_t s;
+  const Model& m;
+  const SizingPolicy& compressed;
+  const SizingPolicy& swa;
+  const int* d_lens;
+  std::int64_t* d_out;
+  void operator()(const Bindings& b) const {
+    const std::int64_t N = arena.dimension(s, "kv.compressed_rows", m.n_c, compressed, b);
+    const std::int64_t G = arena.dimension(s, "kv.swa_rows", m.g, swa, b);
+    const std::int64_t M = N + G;
+    auto ws = arena.request(s, "kv", Extent(m.R) * M, sizeof(std::int64_t), capacity_bound, b);
+    const int R = static_cast<int>(b.value(m.R));
+    const std::int64_t count = ws.count();
+    const int blocks = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>((count + kThreads - 1) / kThreads, 1024)));
+    fill_kernel<<<blocks, kThreads, 0, s>>>(ws.as<std::int64_t>(), count, -3);
+    GRAPHSAFE_CUDA(cudaGetLastError());
+    gather_kernel<<<R, kThreads, 0, s>>>(ws.as<std::int64_t>(), N, M, d_lens);
+    GRAPHSAFE_CUDA(cudaGetLastError());
+    attend_kernel<<<R, kThreads, 0, s>>>(ws.as<std::int64_t>(), N, M, d_lens, d_out);
+    GRAPHSAFE_CUDA(cudaGetLastError());
+  }
+};
+
+ArenaOptions debug_options() {
+  ArenaOptions o;
+  o.debug = true;
+  return o;
+}
+
+std::vector<debug::Finding> of_kind(const std::vector<debug::Finding>& fs, std::string_view kind) {
+  std::vector<debug::Finding> out;
+  for (const auto& f : fs)
+    if (f.kind == kind) out.push_back(f);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("gpu debug: capture findings for unbounded sizes and opaque requests", "[gpu][debug]") {
+  debug::clear_findings();
+  StreamHolder sh;
+  CudaBackend backend;
+  Arena arena(backend, debug_options());
+  CHECK(arena.options().nvtx);  // NVTX registration compiled in and on for the CUDA backend
+  arena.reserve(16 << 20, sh.s);
+  Model m;
+  DevBuf<int> d_lens(2);
+  DevBuf<std::int64_t> d_out(2 * kOutW);
+  d_lens.upload({3, 5}, sh.s);
+  auto graph = capture(arena, sh.s, m.bind({3, 5}), [&](const Bindings& bb) {
+    Step{arena, sh.s, m, exact_at_capture, exact_at_capture, d_lens.p, d_out.p}(bb);
+    void* tmp = arena.allocate(sh.s, 1000);
+    arena.deallocate(sh.s, tmp, 1000);
+  });
+  const auto fs = debug::findings();
+  REQUIRE(of_kind(fs, debug::kind::unbounded_dynamic_size).size() == 2);
+  CHECK_THAT(of_kind(fs, debug::kind::unbounded_dynamic_size)[0].message, Catch::Contains("seq_lens = [3, 5]"));
+  REQUIRE(of_kind(fs, debug::kind::opaque_request_in_capture).size() == 1);
+  CHECK_THAT(of_kind(fs, debug::kind::opaque_request_in_capture)[0].site, Catch::Contains("test_debug_gpu.cu"));
+  graph.replay(m.bind({3, 5}), sh.s);
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
+  CHECK(debug::check_canaries(graph, sh.s).empty());
+}
+
+TEST_CASE("gpu debug: probe reports differing kernel arguments; the safe twin reports nothing", "[gpu][debug][probe]") {
+  debug::clear_findings();
+  StreamHolder sh;
+  CudaBackend backend;
+  Arena arena(backend, debug_options());
+  arena.reserve(16 << 20, sh.s);
+  Model m;
+  DevBuf<int> d_lens(2);
+  DevBuf<std::int64_t> d_out(2 * kOutW);
+  d_lens.upload({3, 5}, sh.s);
+  const Bindings a = m.bind({3, 5}), b = m.bind({15, 17});
+  const auto diffs = debug::probe(arena, sh.s, Step{arena, sh.s, m, exact_at_capture, exact_at_capture, d_lens.p, d_out.p},
+                                  a, b);
+  for (const auto& f : diffs) INFO(f.request << ": " << f.message);
+  auto count_if = [&](auto pred) { return std::count_if(diffs.begin(), diffs.end(), pred); };
+  CHECK(count_if([](const debug::Finding& f) { return f.request == "kv.compressed_rows"; }) == 1);
+  CHECK(count_if([](const debug::Finding& f) { return f.request == "kv"; }) == 1);
+  // gather_kernel(ws, N, M, lens): N (argument 1) and M (argument 2) are frozen at capture.
+  CHECK(count_if([](const debug::Finding& f) {
+          return f.request.find("gather_kernel") != std::string::npos &&
+                 f.message.find("argument 1 (8 bytes at offset 8) differs: 0x0000000000000001 vs 0x0000000000000004") !=
+                     std::string::npos;
+        }) == 1);
+  CHECK(count_if([](const debug::Finding& f) {
+          return f.request.find("gather_kernel") != std::string::npos && f.message.find("argument 2") != std::string::npos;
+        }) == 1);
+  CHECK(count_if([](const debug::Finding& f) {
+          return f.request.find("gather_kernel") != std::string::npos && f.message.find("argument 0") != std::string::npos;
+        }) == 0);  // the workspace pointer: same offset in one family, same address
+  CHECK(count_if([](const debug::Finding& f) { return f.request.find("attend_kernel") != std::string::npos; }) == 2);
+
+  const StaticQueryBound swa(Extent(m.W));
+  const auto none = debug::probe(arena, sh.s, Step{arena, sh.s, m, capacity_bound, swa, d_lens.p, d_out.p}, a, b);
+  for (const auto& f : none) INFO(f.request << ": " << f.message);
+  CHECK(none.empty());
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
+  CHECK(arena.stats().live_graphs == 0);
+}
+
+TEST_CASE("gpu debug: the canary behind 'kv' catches the seed's overflow and names the replay", "[gpu][debug][canary]") {
+  StreamHolder sh;
+  CudaBackend backend;
+  Model m;
+  DevBuf<int> d_lens(2);
+  DevBuf<std::int64_t> d_out(2 * kOutW);
+  for (std::uint32_t every : {1u, 0u}) {
+    debug::clear_findings();
+    ArenaOptions o = debug_options();
+    o.canary_check_every = every;
+    Arena arena(backend, o);
+    arena.reserve(16 << 20, sh.s);
+    CaptureOptions co;
+    co.family = arena.family("seed");
+    d_lens.upload({3, 5}, sh.s);
+    auto graph = capture(arena, sh.s, m.bind({3, 5}),
+                         Step{arena, sh.s, m, exact_at_capture, exact_at_capture, d_lens.p, d_out.p}, co);
+    graph.replay(m.bind({3, 5}), sh.s);
+    CHECK(debug::check_canaries(graph, sh.s).empty());
+    d_lens.upload({15, 17}, sh.s);
+    graph.replay_unguarded_for_testing(sh.s);  // replay #2: overlap inside kv, nothing past it
+    CHECK(debug::check_canaries(graph, sh.s).empty());
+    d_lens.upload({255, 257}, sh.s);
+    graph.replay_unguarded_for_testing(sh.s);  // replay #3: writes past kv
+    const auto found = debug::check_canaries(graph, sh.s);
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].request == "kv");
+    CHECK_THAT(found[0].graph, Catch::Contains("family 'seed'"));
+    CHECK_THAT(found[0].message, Catch::Contains("replay #3"));
+    CHECK(of_kind(debug::findings(), debug::kind::canary_overwrite).size() == 1);
+    d_lens.upload({3, 5}, sh.s);
+    graph.replay(m.bind({3, 5}), sh.s);  // re-armed: clean again
+    CHECK(debug::check_canaries(graph, sh.s).empty());
+    GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
+  }
+}
+
+TEST_CASE("gpu debug: one family replayed on two streams is reported", "[gpu][debug][family]") {
+  debug::clear_findings();
+  StreamHolder s1, s2;
+  CudaBackend backend;
+  Arena arena(backend, debug_options());
+  arena.reserve(16 << 20, s1.s);
+  Symbol n = Symbol::dynamic("tokens", 1 << 16);
+  CaptureOptions o;
+  o.family = arena.family("decode");
+  auto fn = [&](const Bindings& bb) {
+    auto ws = arena.request(s1.s, "x", Extent(n), sizeof(std::int64_t), capacity_bound, bb);
+    fill_kernel<<<4, kThreads, 0, s1.s>>>(ws.as<std::int64_t>(), ws.count(), 7);
+    GRAPHSAFE_CUDA(cudaGetLastError());
+  };
+  auto g1 = capture(arena, s1.s, Bindings().set(n, 8), fn, o);
+  auto g2 = capture(arena, s1.s, Bindings().set(n, 16), fn, o);
+  g1.replay(Bindings().set(n, 8), s1.s);
+  g2.replay(Bindings().set(n, 16), s1.s);
+  CHECK(of_kind(debug::findings(), debug::kind::concurrent_family_replay).empty());
+  g1.replay(Bindings().set(n, 8), s2.s);
+  const auto c = of_kind(debug::findings(), debug::kind::concurrent_family_replay);
+  REQUIRE(c.size() == 1);
+  CHECK_THAT(c[0].graph, Catch::Contains("family 'decode'"));
+  CHECK_THAT(c[0].site, Catch::Contains("test_debug_gpu.cu"));
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(s2.s));
+  CHECK(of_kind(debug::findings(), debug::kind::canary_overwrite).empty());
+}
+
+TEST_CASE("gpu debug: audit_replay flags the exact-at-capture graph and passes the safe one", "[gpu][debug][audit]") {
+  debug::clear_findings();
+  StreamHolder sh;
+  CudaBackend backend;
+  Arena arena(backend, debug_options());
+  arena.reserve(16 << 20, sh.s);
+  Model m;
+  DevBuf<int> d_lens(2);
+  DevBuf<std::int64_t> d_out(2 * kOutW);
+  const std::vector<Bindings> later = {m.bind({3, 5}), m.bind({15, 17}), m.bind({255, 257}), m.bind({511, 512})};
+  debug::AuditOptions ao;
+  ao.prepare = [&](const Bindings& b) {
+    const auto v = b.values(m.L);
+    d_lens.upload(std::vector<int>(v.begin(), v.end()), sh.s);
+  };
+  auto output = [&] { return std::as_bytes(std::span<const std::int64_t>(d_out.p, d_out.n)); };
+  const StaticQueryBound swa(Extent(m.W));
+  const auto safe = debug::audit_replay(arena, sh.s, Step{arena, sh.s, m, capacity_bound, swa, d_lens.p, d_out.p},
+                                        output, m.bind({3, 5}), later, ao);
+  REQUIRE(safe.size() == later.size());
+  for (const auto& st : safe) {
+    INFO(st.message);
+    CHECK(st.equal);
+  }
+  const auto guarded = debug::audit_replay(
+      arena, sh.s, Step{arena, sh.s, m, exact_at_capture, exact_at_capture, d_lens.p, d_out.p}, output, m.bind({3, 5}),
+      later, ao);
+  CHECK(guarded[0].equal);
+  CHECK(guarded[1].refused);
+  ao.bypass_guards = true;
+  const auto bypassed = debug::audit_replay(
+      arena, sh.s, Step{arena, sh.s, m, exact_at_capture, exact_at_capture, d_lens.p, d_out.p}, output, m.bind({3, 5}),
+      later, ao);
+  CHECK(bypassed[0].equal);
+  CHECK_FALSE(bypassed[1].equal);  // the seed's corruption, found byte for byte
+  CHECK_FALSE(of_kind(debug::findings(), debug::kind::replay_mismatch).empty());
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
+}

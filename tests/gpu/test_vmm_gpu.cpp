@@ -1,0 +1,249 @@
+// Virtual growth on the GPU (CudaVirtualMemory: cuMemAddressReserve / cuMemCreate / cuMemMap /
+// cuMemSetAccess): the DS4 seed regression with the gather workspace reserved at its capacity bound
+// as address space and mapped only behind the rows the gather writes.
+//  - C1/C4/C128, gather and paged paths, capture at [3,5], replay growing to capacity: replay ==
+//    eager bit for bit, and within the bf16 tolerance of the CPU reference;
+//  - max_model_len 64K: device memory in use (cudaMemGetInfo) grows with the lengths instead of
+//    jumping to the capacity bound at capture;
+//  - exact-at-capture sizing: the guard still refuses before anything is mapped or launched.
+#include <catch2/catch.hpp>
+
+#include <graphsafe/graphsafe.hpp>
+#include <graphsafe/ds4/decode_step.hpp>
+#include <graphsafe/ds4/device_problem.hpp>
+#include <graphsafe/ds4/kernels.hpp>
+#include <graphsafe/ds4/reference.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+using namespace graphsafe;
+using namespace graphsafe::ds4;
+
+namespace {
+
+LayerConfig config(int ratio, int max_len) {
+  LayerConfig c;
+  c.ratio = ratio;
+  c.window = 4;
+  c.topk = 8;
+  c.heads = 64;
+  c.max_model_len = max_len;
+  c.swa_block_tokens = 16;
+  return c;
+}
+
+struct Device {
+  cudaStream_t s{};
+  Device() { GRAPHSAFE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Device() { cudaStreamDestroy(s); }
+};
+
+std::vector<std::uint16_t> download(const std::uint16_t* d, std::size_t n, cudaStream_t s) {
+  std::vector<std::uint16_t> h(n);
+  GRAPHSAFE_CUDA(cudaMemcpyAsync(h.data(), d, n * 2, cudaMemcpyDeviceToHost, s));
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
+  return h;
+}
+
+double rel_error(const std::vector<std::uint16_t>& gpu, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double g = ref::bf16_to_float(gpu[i]);
+    num += (g - ref[i]) * (g - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+constexpr double kTolerance = 2e-2;
+
+std::uint64_t used_bytes() {
+  std::size_t free_b = 0, total = 0;
+  GRAPHSAFE_CUDA(cudaMemGetInfo(&free_b, &total));
+  return total - free_b;
+}
+
+}  // namespace
+
+TEST_CASE("VMM: DS4 seed regression in virtual mode, replay == eager after growth, C1/C4/C128", "[ds4][vmm]") {
+  constexpr int kMaxLen = 512;
+  Device dev;
+  CudaBackend backend;
+  auto vm = std::make_shared<CudaVirtualMemory>();
+  INFO("granularity " << vm->granularity());
+  Arena arena(backend, ArenaOptions{.virtual_memory = vm, .virtual_reserve_bytes = 1ull << 34});
+  arena.reserve(64ull << 20, dev.s);  // eager steps
+  for (int ratio : {1, 4, 128}) {
+    for (bool gather : {true, false}) {
+      INFO("ratio " << ratio << (gather ? " gather path" : " paged-direct path"));
+      const LayerConfig cfg = config(ratio, kMaxLen);
+      DecodeProblem p = make_problem(cfg, {3, 5}, 1234 + ratio, Picks::last8, kMaxLen);
+      auto d = cuda::upload(p);
+      const Ds4Symbols syms(cfg);
+      GatherDecode gd(arena, cfg, syms, Sizing::safe);
+      PagedDecode pd(arena, cfg, syms);
+      const std::size_t n_out = std::size_t(2) * cfg.heads * kHeadDim;
+      auto out_graph = cuda::device_alloc(n_out * 2);
+      auto out_eager = cuda::device_alloc(n_out * 2);
+      auto* og = reinterpret_cast<std::uint16_t*>(out_graph.get());
+      auto* oe = reinterpret_cast<std::uint16_t*>(out_eager.get());
+      auto step = [&](Stream s, const Bindings& b, std::uint16_t* out) {
+        if (gather)
+          gd.run(s, d, b, out);
+        else
+          pd.run(s, d, b, out);
+      };
+      Bindings b = syms.bind(2, cfg, p.seq_lens);
+      auto graph = capture(arena, dev.s, b, [&](const Bindings& bb) { step(dev.s, bb, og); });
+      CHECK(graph.plan().findings().empty());
+      CHECK(graph.plan().guard_count() == 0);
+      REQUIRE(graph.virtual_stats().virtual_mode);
+      for (std::vector<std::int32_t> lens : {std::vector<std::int32_t>{3, 5}, {15, 17}, {255, 257}, {511, 512}}) {
+        INFO("lengths " << lens[0] << "," << lens[1]);
+        grow(p, lens, 99 + lens[0], Picks::last8);
+        cuda::upload_lengths(d, p, dev.s);
+        b = syms.bind(2, cfg, lens);
+        GRAPHSAFE_CUDA(cudaMemsetAsync(og, 0xFF, n_out * 2, dev.s));
+        graph.replay(b, dev.s);
+        step(dev.s, b, oe);
+        const auto hg = download(og, n_out, dev.s);
+        const auto he = download(oe, n_out, dev.s);
+        CHECK(std::memcmp(hg.data(), he.data(), n_out * 2) == 0);  // replay == eager, bit for bit
+        std::vector<float> r(n_out);
+        ref::sparse_attention(p, r.data());
+        const double err = rel_error(hg, r);
+        INFO("relative error vs CPU reference " << err);
+        CHECK(err < kTolerance);
+        const auto vs = graph.virtual_stats(&b);
+        CHECK(vs.committed_bytes >= vs.granule_need_bytes);
+      }
+      GRAPHSAFE_CUDA(cudaStreamSynchronize(dev.s));
+      GRAPHSAFE_CUDA(cudaGetLastError());
+    }
+  }
+}
+
+TEST_CASE("VMM: device memory grows with the lengths, not to the capacity bound at capture", "[ds4][vmm]") {
+  constexpr int kMaxLen = 65536;
+  Device dev;
+  CudaBackend backend;
+  auto vm = std::make_shared<CudaVirtualMemory>();
+  const std::uint64_t G = vm->granularity();
+  Arena arena(backend, ArenaOptions{.virtual_memory = vm, .virtual_reserve_bytes = 1ull << 34});
+  arena.reserve(256ull << 20, dev.s);  // eager steps: from this slab, never from new device memory
+  for (int ratio : {4, 128}) {
+    INFO("ratio " << ratio);
+    const LayerConfig cfg = config(ratio, kMaxLen);
+    DecodeProblem p = make_problem(cfg, {3, 5}, 4321 + ratio, Picks::last8, kMaxLen);
+    auto d = cuda::upload(p);
+    const Ds4Symbols syms(cfg);
+    GatherDecode gd(arena, cfg, syms, Sizing::safe);
+    const std::size_t n_out = std::size_t(2) * cfg.heads * kHeadDim;
+    auto out_graph = cuda::device_alloc(n_out * 2);
+    auto out_eager = cuda::device_alloc(n_out * 2);
+    auto* og = reinterpret_cast<std::uint16_t*>(out_graph.get());
+    auto* oe = reinterpret_cast<std::uint16_t*>(out_eager.get());
+    // Warm the eager path at capacity once so its slab use is settled before measuring.
+    {
+      std::vector<std::int32_t> full{kMaxLen - 1, kMaxLen};
+      grow(p, full, 1, Picks::last8);
+      cuda::upload_lengths(d, p, dev.s);
+      gd.run(dev.s, d, syms.bind(2, cfg, full), oe);
+      grow(p, {3, 5}, 2, Picks::last8);
+      cuda::upload_lengths(d, p, dev.s);
+      GRAPHSAFE_CUDA(cudaStreamSynchronize(dev.s));
+    }
+    const std::int64_t N = (kMaxLen + ratio - 1) / ratio, M = N + cfg.window;
+    const std::uint64_t kv_capacity = 2ull * M * kHeadDim * 2;  // what the capacity bound holds
+
+    const std::uint64_t created0 = vm->stats().chunks_created;
+    const std::uint64_t used0 = used_bytes();
+    Bindings b = syms.bind(2, cfg, p.seq_lens);
+    auto graph = capture(arena, dev.s, b, [&](const Bindings& bb) { gd.run(dev.s, d, bb, og); });
+    GRAPHSAFE_CUDA(cudaStreamSynchronize(dev.s));
+    const std::uint64_t used_capture = used_bytes() - used0;
+    const auto at_capture = graph.virtual_stats(&b);
+    std::printf("C%d max_model_len %d: kv capacity bound %.1f MiB, plan %.1f MiB, granularity %.1f MiB\n", ratio,
+                kMaxLen, kv_capacity / 1048576.0, at_capture.reserved_bytes / 1048576.0, G / 1048576.0);
+    std::printf("  %-16s %12s %12s %12s %14s\n", "lengths", "exact MiB", "granule MiB", "mapped MiB",
+                "cudaMemGetInfo+");
+    std::printf("  %-16s %12.2f %12.2f %12.2f %14.2f\n", "capture [3,5]", at_capture.exact_need_bytes / 1048576.0,
+                at_capture.granule_need_bytes / 1048576.0, at_capture.committed_bytes / 1048576.0,
+                used_capture / 1048576.0);
+    CHECK(at_capture.reserved_bytes >= kv_capacity);
+    if (kv_capacity >= 16 * G) {  // C4 (32 MiB); C128's 1 MiB workspace is below one granule
+      CHECK(at_capture.committed_bytes < kv_capacity / 2);
+      CHECK(used_capture < kv_capacity / 2);  // no jump to the capacity bound at capture
+    }
+    std::uint64_t prev = at_capture.committed_bytes;
+    std::uint64_t first_growth_committed = 0, last_used = 0;
+    const std::vector<std::vector<std::int32_t>> trace{{3, 5}, {4096, 8192}, {20000, 16384}, {40000, 50000},
+                                                       {65535, 65536}};
+    for (const auto& lens : trace) {
+      INFO("lengths " << lens[0] << "," << lens[1]);
+      grow(p, lens, 7 + lens[0], Picks::last8);
+      cuda::upload_lengths(d, p, dev.s);
+      b = syms.bind(2, cfg, lens);
+      GRAPHSAFE_CUDA(cudaMemsetAsync(og, 0xFF, n_out * 2, dev.s));
+      graph.replay(b, dev.s);
+      GRAPHSAFE_CUDA(cudaStreamSynchronize(dev.s));
+      const std::uint64_t used = used_bytes() - used0;
+      const auto vs = graph.virtual_stats(&b);
+      std::printf("  [%6d,%6d]  %12.2f %12.2f %12.2f %14.2f\n", lens[0], lens[1], vs.exact_need_bytes / 1048576.0,
+                  vs.granule_need_bytes / 1048576.0, vs.committed_bytes / 1048576.0, used / 1048576.0);
+      CHECK(vs.committed_bytes >= prev);
+      CHECK(vs.committed_bytes >= vs.granule_need_bytes);
+      // Device memory follows the chunks created (page tables may add a little).
+      const std::uint64_t chunk_bytes = (vm->stats().chunks_created - created0) * G;
+      CHECK(used + (8ull << 20) >= chunk_bytes);
+      CHECK(used <= chunk_bytes + (8ull << 20));
+      if (lens[0] == 4096) first_growth_committed = vs.committed_bytes;
+      last_used = used;
+      prev = vs.committed_bytes;
+      // Bit for bit against eager at every length.
+      gd.run(dev.s, d, b, oe);
+      const auto hg = download(og, n_out, dev.s);
+      const auto he = download(oe, n_out, dev.s);
+      CHECK(std::memcmp(hg.data(), he.data(), n_out * 2) == 0);
+    }
+    if (ratio == 4) {
+      CHECK(prev > at_capture.committed_bytes + 8 * G);  // grew with the lengths ...
+      CHECK(first_growth_committed < prev);              // ... step by step
+      CHECK(last_used > used_capture + 8 * G);           // and so did the device memory in use
+    }
+    CHECK(prev <= at_capture.reserved_bytes + 2 * G);
+    GRAPHSAFE_CUDA(cudaGetLastError());
+  }
+}
+
+TEST_CASE("VMM: exact-at-capture in virtual mode is refused by the guard before anything is mapped", "[ds4][vmm]") {
+  Device dev;
+  CudaBackend backend;
+  auto vm = std::make_shared<CudaVirtualMemory>();
+  Arena arena(backend, ArenaOptions{.report_findings = false, .virtual_memory = vm});
+  arena.reserve(64ull << 20, dev.s);
+  const LayerConfig cfg = config(4, 512);
+  DecodeProblem p = make_problem(cfg, {3, 5}, 77, Picks::last8, 512);
+  auto d = cuda::upload(p);
+  const Ds4Symbols syms(cfg);
+  GatherDecode exact(arena, cfg, syms, Sizing::exact);
+  const std::size_t n_out = std::size_t(2) * cfg.heads * kHeadDim;
+  auto out_graph = cuda::device_alloc(n_out * 2);
+  auto* og = reinterpret_cast<std::uint16_t*>(out_graph.get());
+  Bindings b = syms.bind(2, cfg, p.seq_lens);
+  auto graph = capture(arena, dev.s, b, [&](const Bindings& bb) { exact.run(dev.s, d, bb, og); });
+  REQUIRE(!graph.plan().findings().empty());
+  grow(p, {15, 17}, 5, Picks::last8);
+  cuda::upload_lengths(d, p, dev.s);
+  b = syms.bind(2, cfg, {15, 17});
+  GRAPHSAFE_CUDA(cudaMemsetAsync(og, 0x7F, n_out * 2, dev.s));
+  const auto before = download(og, n_out, dev.s);
+  const auto committed = arena.committed_bytes();
+  CHECK_THROWS_AS(graph.replay(b, dev.s), guard_failure);
+  CHECK(download(og, n_out, dev.s) == before);
+  CHECK(arena.committed_bytes() == committed);
+}
