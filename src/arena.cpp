@@ -78,7 +78,7 @@ Workspace ArenaCore::make_workspace(Block* b, void* ptr, std::uint64_t bytes, st
   return w;
 }
 
-Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s) {
+Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
   Block* b;
   {
     std::lock_guard g(lock);
@@ -86,6 +86,7 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s) {
     if (b) {
       eager_bytes += b->size;
       ++eager_blocks;
+      if (index) fl.index_used(b);  // raw pointers are returned by address: one lock for both
     }
   }
   if (!b) {
@@ -101,6 +102,7 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s) {
     b = fl.take_best_fit(bytes);
     eager_bytes += b->size;
     ++eager_blocks;
+    if (index) fl.index_used(b);
   }
   // A block released on another stream may still be in use there: order this stream after it.
   if (b->stream && b->stream != s.handle()) backend.order_after(s, Stream(static_cast<cudaStream_t>(b->stream)));
@@ -218,17 +220,15 @@ void* ArenaCore::allocate(Stream s, std::uint64_t bytes, std::uint64_t alignment
     st->plan.add(std::move(e));
     return reinterpret_cast<void*>(st->base + offset);
   }
-  Block* blk = take_eager(align_up(std::max<std::uint64_t>(bytes, 1) + guard_bytes, kAlignment), s);
+  Block* blk = take_eager(align_up(std::max<std::uint64_t>(bytes, 1) + guard_bytes, kAlignment), s, true);
   if (opts.debug) [[unlikely]] debug_eager_taken(blk->addr, bytes, "<opaque " + std::to_string(bytes) + " B>", loc, s, true);
-  std::lock_guard g(lock);
-  fl.index_used(blk);
   return reinterpret_cast<void*>(blk->addr);
 }
 
 void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
   if (!p) return;
   const auto addr = reinterpret_cast<std::uintptr_t>(p);
-  {
+  if (active_sessions.load(std::memory_order_acquire) > 0) {
     std::lock_guard g(lock);
     for (SessionState* st : sessions)
       if (addr >= st->base && addr < st->base + st->limit) return;  // owned by the capture's graph

@@ -166,7 +166,7 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   void debug_captured_request(SessionState& st, const PlanEntry& e);
 
  private:
-  Block* take_eager(std::uint64_t bytes, Stream s);
+  Block* take_eager(std::uint64_t bytes, Stream s, bool index = false);
   std::uint64_t place_in_capture(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
                                  std::string_view name);
   Workspace make_workspace(Block* b, void* ptr, std::uint64_t bytes, std::int64_t count, Stream s, bool captured);

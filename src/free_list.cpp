@@ -68,10 +68,29 @@ Block* FreeList::take_best_fit(std::uint64_t bytes) {
   auto it = free_.lower_bound(key);
   if (it == free_.end()) return nullptr;
   Block* b = &*it;
-  erase_free(b);
-  b->state = BlockState::used;
-  if (b->size > bytes) trim_tail(b, bytes);
-  return b;
+  if (b->size == bytes) {
+    erase_free(b);
+    b->state = BlockState::used;
+    return b;
+  }
+  // Split: the front becomes a new used block, the free node keeps the tail. A shrinking node
+  // keeps its place in the (size, address) order unless its predecessor is now larger, so the
+  // common case (carving from a large free block) touches the tree not at all.
+  Block* front = new_block();
+  front->addr = b->addr;
+  front->size = bytes;
+  front->slab = b->slab;
+  front->stream = b->stream;
+  front->state = BlockState::used;
+  b->slab->blocks.insert(b->slab->blocks.iterator_to(*b), *front);
+  b->addr += bytes;
+  b->size -= bytes;
+  free_bytes_ -= bytes;
+  if (it != free_.begin() && BySizeThenAddr{}(*b, *std::prev(it))) {
+    free_.erase(it);
+    free_.insert(*b);
+  }
+  return front;
 }
 
 Block* FreeList::take_largest() {
@@ -129,28 +148,42 @@ void FreeList::give_back(Block* b, void* stream) {
   auto mergeable = [&](Block* n) {
     return n && n->state == BlockState::free && (n->stream == nullptr || stream == nullptr || n->stream == stream);
   };
-  // Coalesce with the previous block.
   auto it = list.iterator_to(*b);
-  if (it != list.begin()) {
-    Block* p = &*std::prev(it);
-    if (mergeable(p)) {
-      erase_free(p);
-      p->size += b->size;
-      if (!p->stream) p->stream = b->stream;
-      list.erase(it);
-      delete_block(b);
-      b = p;
-    }
-  }
+  Block* p = it != list.begin() ? &*std::prev(it) : nullptr;
   Block* n = next_in_slab(b);
-  if (mergeable(n)) {
-    erase_free(n);
-    b->size += n->size;
-    if (!b->stream) b->stream = n->stream;
-    list.erase(list.iterator_to(*n));
-    delete_block(n);
+  if (!mergeable(p)) p = nullptr;
+  if (!mergeable(n)) n = nullptr;
+  if (!p && !n) {
+    insert_free(b);
+    return;
   }
-  insert_free(b);
+  // Grow one free neighbour in place (the larger: it is nearest its final place in the size
+  // order) and absorb the rest; re-insert it only if it now sorts after its successor.
+  Block* keep = (p && n) ? (p->size >= n->size ? p : n) : (p ? p : n);
+  Block* other = (p && n) ? (keep == p ? n : p) : nullptr;
+  std::uintptr_t addr = p ? p->addr : b->addr;
+  std::uint64_t size = b->size + (p ? p->size : 0) + (n ? n->size : 0);
+  void* merged_stream = keep->stream ? keep->stream : (other && other->stream ? other->stream : b->stream);
+  if (other) {
+    erase_free(other);
+    list.erase(list.iterator_to(*other));
+    delete_block(other);
+  }
+  list.erase(list.iterator_to(*b));
+  delete_block(b);
+  auto kit = free_.iterator_to(*keep);
+  free_bytes_ += size - keep->size;
+  keep->addr = addr;
+  keep->size = size;
+  keep->stream = merged_stream;
+  auto next = std::next(kit);
+  if (next != free_.end() && BySizeThenAddr{}(*next, *keep)) {
+    free_.erase(kit);
+    free_.insert(*keep);
+  } else if (kit != free_.begin() && BySizeThenAddr{}(*keep, *std::prev(kit))) {
+    free_.erase(kit);  // address moved down among equal sizes
+    free_.insert(*keep);
+  }
 }
 
 Block* FreeList::find_used(std::uintptr_t addr) {
@@ -200,6 +233,24 @@ std::vector<std::pair<std::uintptr_t, std::uint64_t>> FreeList::remove_free_slab
     }
   }
   return out;
+}
+
+std::string FreeList::validate() const {
+  std::uint64_t sum = 0, count = 0;
+  const Block* prev = nullptr;
+  for (const Block& b : free_) {
+    if (b.state != BlockState::free) return "free tree holds a block that is not free at " + std::to_string(b.addr);
+    if (prev && BySizeThenAddr{}(b, *prev)) return "free tree out of order at " + std::to_string(b.addr);
+    prev = &b;
+    sum += b.size;
+    ++count;
+  }
+  std::uint64_t listed = 0;
+  for (const Slab& s : slabs_)
+    for (const Block& b : s.blocks) listed += b.state == BlockState::free;
+  if (listed != count) return "free tree has " + std::to_string(count) + " blocks, slabs list " + std::to_string(listed);
+  if (sum != free_bytes_) return "free bytes " + std::to_string(free_bytes_) + " != sum " + std::to_string(sum);
+  return {};
 }
 
 }  // namespace graphsafe::detail

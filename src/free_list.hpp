@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <list>
+#include <string>
 #include <vector>
 
 namespace graphsafe::detail {
@@ -95,6 +96,9 @@ class FreeList {
   std::uint64_t slab_bytes() const { return slab_bytes_; }
   std::size_t slabs() const { return slabs_.size(); }
   std::size_t free_blocks() const { return free_.size(); }
+  // Internal consistency: free tree sorted by (size, address) and holding exactly the free blocks,
+  // free_bytes() equal to their sum. Returns an empty string when consistent (tests call it).
+  std::string validate() const;
   // Visit every block of every slab in address order (tests check invariants with this).
   template <class F>
   void for_each_block(F&& f) const {

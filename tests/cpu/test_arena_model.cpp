@@ -70,6 +70,8 @@ struct Walk {
 
 Walk walk(const Arena& arena) {
   Walk w;
+  const std::string consistency = arena.core().fl.validate();  // free tree order and byte count
+  if (!consistency.empty()) FAIL("free list: " << consistency);
   std::uintptr_t end = 0;
   const Block* prev = nullptr;
   arena.core().fl.for_each_block([&](const Slab& s, const Block& b) {
