@@ -18,6 +18,20 @@ Bindings Ds4Symbols::bind(int batch, const LayerConfig& cfg, const std::vector<s
   return b;
 }
 
+const SizingPolicy& compressed_rows_policy(Sizing sizing) {
+  if (sizing == Sizing::exact) return exact_at_capture;
+  return capacity_bound;  // safe and capacity
+}
+
+const SizingPolicy& swa_rows_policy(Sizing sizing, const StaticQueryBound& swa_bound) {
+  switch (sizing) {
+    case Sizing::safe: return swa_bound;
+    case Sizing::capacity: return capacity_bound;
+    case Sizing::exact: break;
+  }
+  return exact_at_capture;
+}
+
 namespace {
 std::int64_t splits_for(const LayerConfig& cfg, int batch) {
   const int rows = cfg.combined_width();
@@ -35,10 +49,8 @@ StepSizes GatherDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindin
   // Needs, written in the symbols they depend on (SPEC.md 4.2 step 3).
   const Extent n_c = r > 1 ? max_over(syms_.seq_lens, [&](const Extent& l) { return floor_div(l, r); }) : Extent(0);
   const Extent g = max_over(syms_.seq_lens, [&](const Extent& l) { return min(l, Extent(W)); });
-  const SizingPolicy& cmp_policy = sizing_ == Sizing::safe ? static_cast<const SizingPolicy&>(capacity_bound)
-                                                           : static_cast<const SizingPolicy&>(exact_at_capture);
-  const SizingPolicy& swa_policy = sizing_ == Sizing::safe ? static_cast<const SizingPolicy&>(swa_bound_)
-                                                           : static_cast<const SizingPolicy&>(exact_at_capture);
+  const SizingPolicy& cmp_policy = compressed_rows_policy(sizing_);
+  const SizingPolicy& swa_policy = swa_rows_policy(sizing_, swa_bound_);
   StepSizes z;
   z.N = arena_.dimension(s, "ds4.kv.compressed_rows", n_c, cmp_policy, b);
   z.G = arena_.dimension(s, "ds4.kv.swa_rows", g, swa_policy, b);

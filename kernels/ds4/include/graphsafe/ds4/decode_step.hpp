@@ -6,8 +6,10 @@
 // come from device lengths that keep growing. Here N and G are graphsafe dimensions (recorded and
 // guarded, "an offset is a request boundary") and the workspace, index buffers and split-K scratch
 // are graphsafe requests, so the policy decides (SPEC.md 4.4):
-//   Sizing::safe  -> N: capacity_bound (floor(max_model_len / r)), G: static_query_bound(W)
-//   Sizing::exact -> exact_at_capture for both: the seed's behaviour, reported and refused by guards
+//   Sizing::safe     -> N: capacity_bound (floor(max_model_len / r)), G: static_query_bound(W)
+//   Sizing::capacity -> capacity_bound for both (G: min(max_model_len, W) -- for one query token per
+//                       request this equals the static query bound; it differs once q_len > 1)
+//   Sizing::exact    -> exact_at_capture for both: the seed's behaviour, reported and refused by guards
 // The paged-direct path needs no gather workspace; its index lists and scratch are static requests.
 #pragma once
 
@@ -23,7 +25,12 @@
 
 namespace graphsafe::ds4 {
 
-enum class Sizing { safe, exact };
+enum class Sizing { safe, exact, capacity };
+
+// The policies GatherDecode sizes N (compressed rows) and G (SWA rows) with. `swa_bound` is the
+// static query bound for G (Sizing::safe). Shared with host-side mirrors (examples/ds4_decode_demo).
+const SizingPolicy& compressed_rows_policy(Sizing sizing);
+const SizingPolicy& swa_rows_policy(Sizing sizing, const StaticQueryBound& swa_bound);
 
 // The symbols a DS4 layer's sizes are written in.
 struct Ds4Symbols {

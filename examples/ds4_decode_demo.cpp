@@ -1,0 +1,1224 @@
+// ds4_decode_demo: an attention-only DeepSeek V4 ("DS4") decode loop on graphsafe -- the README's
+// main command.
+//
+// A V4-Flash-like layer schedule (layers 0 and 1 SWA-only, then C4 and C128 alternating; 43 layers by
+// default) runs the gather-to-workspace decode path (graphsafe::ds4::GatherDecode: combine indices,
+// gather the fp8 caches into a bf16 workspace [R, N + G, 512], sparse attention with sink) with every
+// workspace and the row counts N and G sized through graphsafe. For each sizing policy it
+//   1. captures one graph per batch bucket (8, 16, 32, 64 for --batch 64) in one capture family,
+//   2. decodes a growth trace: requests with prompts of mixed lengths (short, medium, long, very long)
+//      grow by one token per decode step past their capture-time lengths, the active batch varies so
+//      every bucket is replayed (inactive slots are padded: seq_len 0),
+//   3. every --check-every steps runs the same step eagerly and compares every layer's output with the
+//      graph replay's, bit for bit,
+// then prints a summary table (eager vs graph step time, guard cost per replay, workspace bytes per
+// policy and what the family saved, checks).
+//
+//   --policy capacity      N and G by capacity_bound (seq_lens <= max_model_len)
+//   --policy static-query  N by capacity_bound, G by static_query_bound(W) (ds4::Sizing::safe)
+//   --policy exact         N and G exact at capture (the seed's sizing): debug mode's capture-time
+//                          finding with its site, the guard refusing the replay that would have
+//                          corrupted memory, then a re-capture at lengths rounded up (or, with
+//                          --no-recapture, the error and the end of that run)
+//   --policy all           the three in turn (default)
+//
+// Caches: layers of one type share their compressed cache, and all layers share one SWA cache (the
+// caches of 43 layers at 64 x 64K tokens would be ~100 GiB and teach nothing more); every layer has
+// its own queries, sinks, output, kernels and workspaces. Caches and queries are random but
+// deterministic (--seed) and generated on the GPU.
+//
+// Without a CUDA device (or with --host) the same loop runs on the host backend: HostStream closures
+// call the CPU reference (ds4::ref) with N and M frozen at capture, on tiny shapes (SPEC.md 7.3:
+// W = 4, K = 8, max_model_len 512, H = 4). The first line says which.
+//
+// Exit code: 0 when every check passed, 1 when a check failed (or an error), 2 on bad usage.
+// Hidden test flag: --inject-corruption[=unguarded|flip] makes the run fail on purpose: `unguarded`
+// (default) captures with exact sizing and replays with replay_unguarded_for_testing (the guard is
+// bypassed: the gather overwrites rows, the comparison with eager must catch it); `flip` flips one
+// byte of a replay's output.
+#include "ds4_decode_demo_kernels.hpp"
+
+#include <graphsafe/graphsafe.hpp>
+#include <graphsafe/ds4/decode_step.hpp>
+#include <graphsafe/ds4/device_problem.hpp>
+#include <graphsafe/ds4/kernels.hpp>
+#include <graphsafe/ds4/reference.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+using namespace graphsafe;
+namespace ds4 = graphsafe::ds4;
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// Options
+
+struct Options {
+  std::string policy = "all";
+  std::optional<int> layers, heads, batch, max_model_len, steps, check_every;
+  std::uint64_t seed = 1;
+  bool recapture = true;
+  bool force_host = false;
+  std::string json;
+  std::string inject;  // "", "unguarded", "flip"
+  std::string command;
+};
+
+void usage(std::FILE* f) {
+  std::fprintf(f,
+               "usage: ds4_decode_demo [--policy all|capacity|static-query|exact] [--layers N] [--heads H]\n"
+               "                       [--batch B] [--max-model-len L] [--steps S] [--check-every N]\n"
+               "                       [--seed X] [--no-recapture] [--json out.json] [--host]\n"
+               "  An attention-only DS4 decode loop over a V4-Flash-like layer schedule (2 SWA-only layers,\n"
+               "  then C4 and C128 alternating): one graph per batch bucket in one capture family, a growth\n"
+               "  trace replayed and checked against eager bit for bit every --check-every steps.\n"
+               "  GPU defaults: --layers 43 --heads 64 --batch 64 --max-model-len 65536 --steps 64 --check-every 8\n"
+               "  host defaults (no CUDA device, or --host): --heads 4 --batch 4 --max-model-len 512 --steps 16\n"
+               "                 --check-every 4 (W = 4, K = 8: SPEC.md 7.3)\n");
+}
+
+bool parse_int(std::string_view v, int& out) {
+  try {
+    std::size_t pos = 0;
+    const long long x = std::stoll(std::string(v), &pos);
+    if (pos != v.size() || x < 0 || x > (1ll << 30)) return false;
+    out = static_cast<int>(x);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::optional<Options> parse(int argc, char** argv) {
+  Options o;
+  for (int i = 0; i < argc; ++i) {
+    if (i) o.command += ' ';
+    o.command += argv[i];
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::string value;
+    bool has_value = false;
+    if (const auto eq = a.find('='); a.starts_with("--") && eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+      has_value = true;
+    }
+    auto next = [&]() -> std::optional<std::string> {
+      if (has_value) return value;
+      if (i + 1 < argc) return std::string(argv[++i]);
+      return std::nullopt;
+    };
+    auto int_opt = [&](std::optional<int>& dst, int min) -> bool {
+      const auto v = next();
+      int x = 0;
+      if (!v || !parse_int(*v, x) || x < min) {
+        std::fprintf(stderr, "ds4_decode_demo: %s needs an integer >= %d\n", a.c_str(), min);
+        return false;
+      }
+      dst = x;
+      return true;
+    };
+    if (a == "--policy") {
+      const auto v = next();
+      if (!v) return std::nullopt;
+      o.policy = *v;
+    } else if (a == "--layers") {
+      if (!int_opt(o.layers, 1)) return std::nullopt;
+    } else if (a == "--heads") {
+      if (!int_opt(o.heads, 1)) return std::nullopt;
+    } else if (a == "--batch") {
+      if (!int_opt(o.batch, 1)) return std::nullopt;
+    } else if (a == "--max-model-len") {
+      if (!int_opt(o.max_model_len, 16)) return std::nullopt;
+    } else if (a == "--steps") {
+      if (!int_opt(o.steps, 1)) return std::nullopt;
+    } else if (a == "--check-every") {
+      if (!int_opt(o.check_every, 1)) return std::nullopt;
+    } else if (a == "--seed") {
+      const auto v = next();
+      int x = 0;
+      if (!v || !parse_int(*v, x)) return std::nullopt;
+      o.seed = static_cast<std::uint64_t>(x);
+    } else if (a == "--no-recapture") {
+      o.recapture = false;
+    } else if (a == "--json") {
+      const auto v = next();
+      if (!v) return std::nullopt;
+      o.json = *v;
+    } else if (a == "--host") {
+      o.force_host = true;
+    } else if (a == "--inject-corruption") {
+      o.inject = has_value ? value : "unguarded";
+      if (o.inject != "unguarded" && o.inject != "flip") return std::nullopt;
+    } else if (a == "-h" || a == "--help") {
+      usage(stdout);
+      std::exit(0);
+    } else {
+      std::fprintf(stderr, "ds4_decode_demo: unknown argument '%s'\n", argv[i]);
+      return std::nullopt;
+    }
+  }
+  if (o.policy != "all" && o.policy != "capacity" && o.policy != "static-query" && o.policy != "exact") {
+    std::fprintf(stderr, "ds4_decode_demo: unknown policy '%s'\n", o.policy.c_str());
+    return std::nullopt;
+  }
+  return o;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Model, shapes, trace
+
+// Resolved shapes (defaults depend on the backend).
+struct Shapes {
+  int layers = 43, heads = 64, batch = 64, max_model_len = 65536, steps = 64, check_every = 8;
+  int window = 128, topk = 512, swa_block_tokens = 64;
+  std::vector<int> buckets;  // ascending; the last one is `batch`
+};
+
+// V4-Flash schedule (SPEC.md 1): layers 0, 1 SWA-only; then even layers C4, odd layers C128.
+int layer_ratio(int l) { return l < 2 ? 1 : (l % 2 == 0 ? 4 : 128); }
+int type_index(int ratio) { return ratio == 1 ? 0 : (ratio == 4 ? 1 : 2); }
+const char* type_name(int t) { return t == 0 ? "C1" : (t == 1 ? "C4" : "C128"); }
+
+ds4::LayerConfig layer_config(const Shapes& sh, int ratio) {
+  ds4::LayerConfig c;
+  c.ratio = ratio;
+  c.window = sh.window;
+  c.topk = sh.topk;
+  c.heads = sh.heads;
+  c.max_model_len = sh.max_model_len;
+  c.swa_block_tokens = sh.swa_block_tokens;
+  return c;
+}
+
+std::uint64_t mix(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+// C4 indexer picks for one request: all ids when n_c <= K, else K distinct ids spread over [0, n_c)
+// that always include the newest compressed row n_c - 1 (recent context is attended), valid first,
+// -1 padded. Deterministic in (n_c, seed).
+void make_picks(int n_c, int K, std::uint64_t seed, std::int32_t* row) {
+  std::fill(row, row + K, -1);
+  if (n_c <= K) {
+    for (int i = 0; i < n_c; ++i) row[i] = i;
+    return;
+  }
+  const std::int64_t spread = n_c / K;  // >= 1
+  for (int i = 0; i < K - 1; ++i) {
+    const std::int64_t base = static_cast<std::int64_t>(i) * n_c / K;
+    row[i] = static_cast<std::int32_t>(base + static_cast<std::int64_t>(mix(seed * 7919 + i) % spread));
+  }
+  row[K - 1] = n_c - 1;
+}
+
+// The decode trace: `batch` slots with prompts of mixed lengths; each step the first active(step)
+// requests decode one token (their lengths grow), the rest wait (padded with seq_len 0).
+struct Trace {
+  std::vector<std::int32_t> lens;
+  int batch = 0;
+  bool all_active = false;
+
+  Trace(const Shapes& sh, std::uint64_t seed, bool all) : batch(sh.batch), all_active(all) {
+    std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ULL + 17);
+    const int W = sh.window, L = sh.max_model_len, top = L - sh.steps - 1;
+    const int bounds[5] = {1, W, std::max(W + 1, L / 8), std::max(W + 2, L / 2), top};
+    lens.resize(batch);
+    for (int i = 0; i < batch; ++i) {
+      const int c = i % 4;  // short (<= W), medium, long, very long
+      const int lo = std::min(bounds[c] + (c ? 1 : 0), top), hi = std::min(bounds[c + 1], top);
+      lens[i] = std::uniform_int_distribution<int>(lo, std::max(lo, hi))(rng);
+    }
+  }
+  int active(int step) const {
+    if (all_active) return batch;
+    static constexpr double frac[5] = {1.0, 0.7, 0.45, 0.2, 0.1};
+    return std::max(1, static_cast<int>(std::ceil(batch * frac[step % 5])));
+  }
+  // Lengths bound for a graph of `bucket` slots: the first n active, then padding.
+  std::vector<std::int32_t> bucket_lens(int n, int bucket) const {
+    std::vector<std::int32_t> v(bucket, 0);
+    std::copy(lens.begin(), lens.begin() + std::min(n, bucket), v.begin());
+    return v;
+  }
+  void advance(int n) {
+    for (int i = 0; i < n; ++i) ++lens[i];
+  }
+};
+
+int bucket_index(const Shapes& sh, int n) {
+  for (std::size_t i = 0; i < sh.buckets.size(); ++i)
+    if (sh.buckets[i] >= n) return static_cast<int>(i);
+  return static_cast<int>(sh.buckets.size()) - 1;
+}
+
+std::string show_bytes(double b) {
+  char buf[64];
+  if (b >= (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1ull << 30));
+  else if (b >= (1ull << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1ull << 20));
+  else if (b >= 1024)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+std::uint64_t align256(std::uint64_t x) { return (x + 255) / 256 * 256; }
+
+// ------------------------------------------------------------------------------------------------
+// Engines: where the layers run. Both size N, G and every workspace through the arena with the same
+// extents and policies (ds4::compressed_rows_policy / swa_rows_policy).
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual Backend& backend() = 0;
+  virtual Stream stream() = 0;
+  // Use this arena and sizing for the next policy's run.
+  virtual void bind(Arena& arena, ds4::Sizing sizing) = 0;
+  // Bytes a capture of bucket `bi` may take (every policy reserves at most the capacity bound).
+  virtual std::uint64_t capture_bytes_upper_bound(int bi) = 0;
+  // Stream-ordered update of the lengths (and C4 picks) the kernels read, for bucket bi.
+  virtual void set_lengths(int bi, const std::vector<std::int32_t>& lens) = 0;
+  // Enqueue every layer of one decode step (capturable); `graph` selects the graph's output buffers.
+  virtual void run_layers(int bi, const Bindings& b, bool graph) = 0;
+  virtual void poison(int bi, bool graph) = 0;
+  virtual std::uint64_t differing_bytes(int bi) = 0;  // graph vs eager outputs (synchronizes)
+  virtual bool graph_output_untouched(int bi) = 0;    // still poisoned
+  virtual void corrupt_graph_output() = 0;            // flip one byte (test mode)
+  // Largest relative error of the eager outputs against the independent reference (host only).
+  virtual std::optional<double> reference_error(int) { return std::nullopt; }
+  virtual void timer_start() = 0;
+  virtual double timer_stop_ms() = 0;
+  virtual void synchronize() = 0;
+  virtual std::string machine() const = 0;
+  virtual bool is_host() const = 0;
+};
+
+constexpr std::uint8_t kPoison = 0xFF;
+
+// ---- CUDA --------------------------------------------------------------------------------------
+
+#define DEMO_CUDA(call) GRAPHSAFE_CUDA(call)
+
+class CudaEngine final : public Engine {
+ public:
+  CudaEngine(const Shapes& sh, const ds4::Ds4Symbols& syms, std::uint64_t seed, std::string machine)
+      : sh_(sh), syms_(syms), machine_(std::move(machine)) {
+    DEMO_CUDA(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking));
+    DEMO_CUDA(cudaEventCreate(&e0_));
+    DEMO_CUDA(cudaEventCreate(&e1_));
+    backend_ = std::make_unique<CudaBackend>();
+    for (int t = 0; t < 3; ++t) cfg_[t] = layer_config(sh, t == 0 ? 1 : (t == 1 ? 4 : 128));
+    bool have[3] = {false, false, false};
+    for (int l = 0; l < sh.layers; ++l) have[type_index(layer_ratio(l))] = true;
+    const int B = sh.batch, H = sh.heads;
+
+    // One SWA cache (full history, SPEC.md 7.2) shared by every layer; block tables are a fixed
+    // permutation of the physical blocks.
+    swa_bpr_ = (sh.max_model_len + sh.swa_block_tokens - 1) / sh.swa_block_tokens;
+    const int swa_blocks = B * swa_bpr_;
+    const std::size_t swa_stride = ds4::block_stride_bytes(sh.swa_block_tokens);
+    swa_mem_ = ds4::cuda::device_alloc(static_cast<std::size_t>(swa_blocks) * swa_stride);
+    DEMO_CUDA(ds4_demo::fill_cache(swa_mem_.get(), static_cast<std::size_t>(swa_blocks) * swa_stride,
+                                   sh.swa_block_tokens, swa_stride, seed * 1000 + 1, st_));
+    swa_ = {swa_mem_.get(), sh.swa_block_tokens, swa_blocks, swa_stride};
+    swa_table_ = upload_table(B, swa_bpr_, seed + 11);
+    for (int t = 1; t < 3; ++t) {
+      if (!have[t]) continue;
+      const int E = cfg_[t].compressed_block_entries();
+      cmp_bpr_[t] = (cfg_[t].compressed_capacity() + E - 1) / E;
+      const int blocks = B * cmp_bpr_[t];
+      const std::size_t stride = ds4::block_stride_bytes(E);
+      cmp_mem_[t] = ds4::cuda::device_alloc(static_cast<std::size_t>(blocks) * stride);
+      DEMO_CUDA(ds4_demo::fill_cache(cmp_mem_[t].get(), static_cast<std::size_t>(blocks) * stride, E, stride,
+                                     seed * 1000 + 2 + t, st_));
+      cmp_[t] = {cmp_mem_[t].get(), E, blocks, stride};
+      cmp_table_[t] = upload_table(B, cmp_bpr_[t], seed + 20 + t);
+    }
+    lens_mem_ = ds4::cuda::device_alloc(sizeof(std::int32_t) * B);
+    topk_mem_ = ds4::cuda::device_alloc(sizeof(std::int32_t) * B * sh.topk);
+    DEMO_CUDA(cudaMemsetAsync(lens_mem_.get(), 0, sizeof(std::int32_t) * B, st_));
+    DEMO_CUDA(cudaMemsetAsync(topk_mem_.get(), 0xFF, sizeof(std::int32_t) * B * sh.topk, st_));
+    out_elems_ = static_cast<std::size_t>(B) * H * ds4::kHeadDim;
+    q_mem_ = ds4::cuda::device_alloc(out_elems_ * 2 * sh.layers);
+    DEMO_CUDA(ds4_demo::fill_bf16(reinterpret_cast<std::uint16_t*>(q_mem_.get()), out_elems_ * sh.layers,
+                                  seed * 1000 + 7, st_));
+    std::vector<float> sink(static_cast<std::size_t>(H) * sh.layers);
+    for (std::size_t i = 0; i < sink.size(); ++i) sink[i] = -2.f + 4.f * static_cast<float>(mix(seed + i) % 1000) / 1000.f;
+    sink_mem_ = ds4::cuda::device_alloc(sink.size() * 4);
+    DEMO_CUDA(cudaMemcpy(sink_mem_.get(), sink.data(), sink.size() * 4, cudaMemcpyHostToDevice));
+    out_graph_ = ds4::cuda::device_alloc(out_elems_ * 2 * sh.layers);
+    out_eager_ = ds4::cuda::device_alloc(out_elems_ * 2 * sh.layers);
+    count_mem_ = ds4::cuda::device_alloc(sizeof(unsigned long long));
+    host_lens_.assign(B, 0);
+    host_picks_.assign(static_cast<std::size_t>(B) * sh.topk, -1);
+
+    // Per layer and bucket: a non-owning view (batch = bucket, the layer's queries and sinks).
+    views_.resize(sh.layers);
+    for (int l = 0; l < sh.layers; ++l) {
+      const int t = type_index(layer_ratio(l));
+      for (int R : sh.buckets) {
+        ds4::cuda::DeviceProblem v;
+        v.cfg = cfg_[t];
+        v.batch = R;
+        v.swa = swa_;
+        v.swa_block_table = reinterpret_cast<std::int32_t*>(swa_table_.get());
+        v.swa_blocks_per_req = swa_bpr_;
+        if (t > 0) {
+          v.cmp = cmp_[t];
+          v.cmp_block_table = reinterpret_cast<std::int32_t*>(cmp_table_[t].get());
+          v.cmp_blocks_per_req = cmp_bpr_[t];
+        }
+        v.seq_lens = reinterpret_cast<std::int32_t*>(lens_mem_.get());
+        v.topk_local = t == 1 ? reinterpret_cast<std::int32_t*>(topk_mem_.get()) : nullptr;
+        v.q = reinterpret_cast<std::uint16_t*>(q_mem_.get()) + out_elems_ * l;
+        v.sink = reinterpret_cast<float*>(sink_mem_.get()) + static_cast<std::size_t>(H) * l;
+        views_[l].push_back(std::move(v));
+      }
+    }
+    DEMO_CUDA(cudaStreamSynchronize(st_));
+  }
+  ~CudaEngine() override {
+    cudaStreamSynchronize(st_);
+    cudaEventDestroy(e0_);
+    cudaEventDestroy(e1_);
+    cudaStreamDestroy(st_);
+  }
+
+  Backend& backend() override { return *backend_; }
+  Stream stream() override { return st_; }
+  void bind(Arena& arena, ds4::Sizing sizing) override {
+    for (int t = 0; t < 3; ++t) gd_[t] = std::make_unique<ds4::GatherDecode>(arena, cfg_[t], syms_, sizing);
+  }
+  std::uint64_t capture_bytes_upper_bound(int bi) override {
+    const int R = sh_.buckets[bi];
+    std::uint64_t total = 1 << 20;
+    for (int l = 0; l < sh_.layers; ++l) {
+      const ds4::LayerConfig& c = cfg_[type_index(layer_ratio(l))];
+      const std::uint64_t N = c.ratio > 1 ? static_cast<std::uint64_t>(c.max_model_len / c.ratio) : 0;
+      const std::uint64_t M = N + static_cast<std::uint64_t>(std::min(c.window, c.max_model_len));
+      const int width = c.combined_width();
+      const int splits = ds4::cuda::choose_splits(R, c.heads, width, ds4::cuda::device_sm_count());
+      total += align256(R * M * ds4::kHeadDim * 2) + align256(static_cast<std::uint64_t>(R) * width * 4) +
+               align256(static_cast<std::uint64_t>(R) * 4) +
+               align256(ds4::cuda::sparse_attention_scratch_bytes(R, c.heads, splits)) + 4 * 512;
+    }
+    return total;
+  }
+  void set_lengths(int bi, const std::vector<std::int32_t>& lens) override {
+    const int R = sh_.buckets[bi], K = sh_.topk;
+    // The previous step's copies have finished (every step synchronizes): safe to rewrite.
+    std::copy(lens.begin(), lens.end(), host_lens_.begin());
+    for (int b = 0; b < R; ++b) make_picks(lens[b] / 4, K, 31 + static_cast<std::uint64_t>(b), &host_picks_[static_cast<std::size_t>(b) * K]);
+    DEMO_CUDA(cudaMemcpyAsync(lens_mem_.get(), host_lens_.data(), sizeof(std::int32_t) * R, cudaMemcpyHostToDevice, st_));
+    DEMO_CUDA(cudaMemcpyAsync(topk_mem_.get(), host_picks_.data(), sizeof(std::int32_t) * R * K,
+                              cudaMemcpyHostToDevice, st_));
+    DEMO_CUDA(cudaStreamSynchronize(st_));
+  }
+  void run_layers(int bi, const Bindings& b, bool graph) override {
+    auto* out = reinterpret_cast<std::uint16_t*>((graph ? out_graph_ : out_eager_).get());
+    for (int l = 0; l < sh_.layers; ++l)
+      gd_[type_index(layer_ratio(l))]->run(st_, views_[l][bi], b, out + out_elems_ * l);
+  }
+  void poison(int bi, bool graph) override {
+    (void)bi;
+    DEMO_CUDA(cudaMemsetAsync((graph ? out_graph_ : out_eager_).get(), kPoison, out_elems_ * 2 * sh_.layers, st_));
+  }
+  std::uint64_t differing_bytes(int bi) override {
+    return count([&](unsigned long long* c) {
+      return ds4_demo::count_differences(out_graph_.get(), out_eager_.get(), sh_.layers, out_elems_ * 2,
+                                         bucket_bytes(bi), c, st_);
+    });
+  }
+  bool graph_output_untouched(int bi) override {
+    return count([&](unsigned long long* c) {
+             return ds4_demo::count_not_equal(out_graph_.get(), kPoison, sh_.layers, out_elems_ * 2, bucket_bytes(bi), c,
+                                              st_);
+           }) == 0;
+  }
+  void corrupt_graph_output() override {
+    std::uint8_t byte = 0;
+    DEMO_CUDA(cudaStreamSynchronize(st_));
+    DEMO_CUDA(cudaMemcpy(&byte, out_graph_.get(), 1, cudaMemcpyDeviceToHost));
+    byte ^= 0x01;
+    DEMO_CUDA(cudaMemcpy(out_graph_.get(), &byte, 1, cudaMemcpyHostToDevice));
+  }
+  void timer_start() override { DEMO_CUDA(cudaEventRecord(e0_, st_)); }
+  double timer_stop_ms() override {
+    DEMO_CUDA(cudaEventRecord(e1_, st_));
+    DEMO_CUDA(cudaEventSynchronize(e1_));
+    float ms = 0;
+    DEMO_CUDA(cudaEventElapsedTime(&ms, e0_, e1_));
+    return ms;
+  }
+  void synchronize() override { DEMO_CUDA(cudaStreamSynchronize(st_)); }
+  std::string machine() const override { return machine_; }
+  bool is_host() const override { return false; }
+
+ private:
+  ds4::cuda::DeviceBytes upload_table(int B, int per_req, std::uint64_t seed) {
+    // Logical block i of request b -> physical (i_global * a) mod total, a odd and coprime: a bijection.
+    const std::int64_t total = static_cast<std::int64_t>(B) * per_req;
+    std::int64_t a = 7919 + 2 * static_cast<std::int64_t>(seed % 64);
+    while (std::gcd(a, total) != 1) a += 2;
+    std::vector<std::int32_t> t(static_cast<std::size_t>(total));
+    for (std::int64_t i = 0; i < total; ++i) t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * a + 3) % total);
+    auto d = ds4::cuda::device_alloc(t.size() * 4);
+    DEMO_CUDA(cudaMemcpy(d.get(), t.data(), t.size() * 4, cudaMemcpyHostToDevice));
+    return d;
+  }
+  std::size_t bucket_bytes(int bi) const {
+    return static_cast<std::size_t>(sh_.buckets[bi]) * sh_.heads * ds4::kHeadDim * 2;
+  }
+  template <class F>
+  std::uint64_t count(F&& launch) {
+    DEMO_CUDA(cudaMemsetAsync(count_mem_.get(), 0, sizeof(unsigned long long), st_));
+    DEMO_CUDA(launch(reinterpret_cast<unsigned long long*>(count_mem_.get())));
+    unsigned long long n = 0;
+    DEMO_CUDA(cudaMemcpyAsync(&n, count_mem_.get(), sizeof n, cudaMemcpyDeviceToHost, st_));
+    DEMO_CUDA(cudaStreamSynchronize(st_));
+    return n;
+  }
+
+  Shapes sh_;
+  const ds4::Ds4Symbols& syms_;
+  std::string machine_;
+  cudaStream_t st_ = nullptr;
+  cudaEvent_t e0_ = nullptr, e1_ = nullptr;
+  std::unique_ptr<CudaBackend> backend_;
+  ds4::LayerConfig cfg_[3];
+  std::unique_ptr<ds4::GatherDecode> gd_[3];
+  ds4::cuda::DeviceBytes swa_mem_, swa_table_, cmp_mem_[3], cmp_table_[3], lens_mem_, topk_mem_, q_mem_, sink_mem_,
+      out_graph_, out_eager_, count_mem_;
+  ds4::PagedCache swa_{}, cmp_[3]{};
+  int swa_bpr_ = 0, cmp_bpr_[3] = {0, 0, 0};
+  std::size_t out_elems_ = 0;
+  std::vector<std::int32_t> host_lens_, host_picks_;
+  std::vector<std::vector<ds4::cuda::DeviceProblem>> views_;
+};
+
+// ---- host (CPU reference path) ----------------------------------------------------------------
+
+// The gather path's three kernels as host closures over a DecodeProblem whose seq_lens / picks are
+// read when the closure runs (like device memory), with N, M and the workspace frozen at capture.
+// Like the CUDA kernel, the gather does no bound check against N or M (the seed's overlap is
+// reproduced); unlike it, rows past the whole workspace are dropped so the host process stays sound.
+void host_combine(const ds4::DecodeProblem& p, std::int64_t N, std::int64_t M, int width, std::int32_t* idx,
+                  std::int32_t* lens) {
+  for (int b = 0; b < p.batch; ++b) {
+    std::int32_t* row = idx + static_cast<std::size_t>(b) * width;
+    std::fill(row, row + width, -1);
+    const int L = p.seq_lens[b];
+    int k = 0;
+    if (L > 0) {
+      for (int c : ds4::ref::compressed_picks(p, b))
+        if (k < width) row[k++] = static_cast<std::int32_t>(b * M + c);
+      const int g = ds4::swa_len(L, p.cfg.window);
+      for (int j = 0; j < g && k < width; ++j) row[k++] = static_cast<std::int32_t>(b * M + N + j);
+    }
+    lens[b] = k;
+  }
+}
+
+void host_gather(const ds4::DecodeProblem& p, std::int64_t N, std::int64_t M, std::int64_t ws_rows, float* ws) {
+  const ds4::PagedCache swa = ds4::ref::swa_view(p);
+  const ds4::PagedCache cmp = ds4::ref::cmp_view(p);
+  for (int b = 0; b < p.batch; ++b) {
+    const int L = p.seq_lens[b];
+    const int n_c = ds4::visible_compressed(L, p.cfg.ratio);
+    for (int c = 0; c < n_c; ++c) {
+      const std::int64_t row = b * M + c;
+      if (row < ws_rows) ds4::ref::dequantize_row(cmp, ds4::ref::compressed_slot(p, b, c), ws + row * ds4::kHeadDim);
+    }
+    const int g = ds4::swa_len(L, p.cfg.window);
+    for (int i = 0; i < g; ++i) {
+      const std::int64_t row = b * M + N + i;
+      if (row < ws_rows) ds4::ref::dequantize_row(swa, ds4::ref::swa_slot(p, b, L - g + i), ws + row * ds4::kHeadDim);
+    }
+  }
+}
+
+class HostEngine final : public Engine {
+ public:
+  HostEngine(const Shapes& sh, const ds4::Ds4Symbols& syms, std::uint64_t seed) : sh_(sh), syms_(syms) {
+    for (int t = 0; t < 3; ++t) cfg_[t] = layer_config(sh, t == 0 ? 1 : (t == 1 ? 4 : 128));
+    const std::size_t nb = sh.buckets.size();
+    problems_.resize(sh.layers);
+    // One problem per layer type and bucket (caches shared by the layers of a type), copied per layer
+    // with the layer's own queries and sinks.
+    std::vector<std::vector<std::optional<ds4::DecodeProblem>>> base(3, std::vector<std::optional<ds4::DecodeProblem>>(nb));
+    for (int l = 0; l < sh.layers; ++l) {
+      const int t = type_index(layer_ratio(l));
+      for (std::size_t bi = 0; bi < nb; ++bi) {
+        const int R = sh.buckets[bi];
+        if (!base[t][bi])
+          base[t][bi] = ds4::make_problem(cfg_[t], std::vector<std::int32_t>(R, 1), seed * 100 + t * 10 + bi,
+                                          ds4::Picks::random, sh.max_model_len);
+        ds4::DecodeProblem p = *base[t][bi];
+        std::mt19937_64 rng(seed * 1000003 + l * 131 + bi);
+        std::uniform_real_distribution<float> u(-1.f, 1.f);
+        for (auto& x : p.q) x = ds4::ref::bf16_from_float(u(rng));
+        for (auto& s : p.sink) s = 2.f * u(rng);
+        problems_[l].push_back(std::move(p));
+      }
+    }
+    const std::size_t elems = static_cast<std::size_t>(sh.batch) * sh.heads * ds4::kHeadDim;
+    out_graph_.assign(sh.layers, std::vector<float>(elems));
+    out_eager_.assign(sh.layers, std::vector<float>(elems));
+  }
+  Backend& backend() override { return backend_; }
+  Stream stream() override { return hs_; }
+  void bind(Arena& arena, ds4::Sizing sizing) override {
+    arena_ = &arena;
+    sizing_ = sizing;
+  }
+  std::uint64_t capture_bytes_upper_bound(int bi) override {
+    const std::uint64_t R = static_cast<std::uint64_t>(sh_.buckets[bi]);
+    std::uint64_t total = 1 << 20;
+    for (int l = 0; l < sh_.layers; ++l) {
+      const ds4::LayerConfig& c = cfg_[type_index(layer_ratio(l))];
+      const std::uint64_t N = c.ratio > 1 ? static_cast<std::uint64_t>(c.max_model_len / c.ratio) : 0;
+      const std::uint64_t M = N + static_cast<std::uint64_t>(std::min(c.window, c.max_model_len));
+      total += align256(R * M * ds4::kHeadDim * 4) + align256(R * c.combined_width() * 4) + align256(R * 4) + 4 * 512;
+    }
+    return total;
+  }
+  void set_lengths(int bi, const std::vector<std::int32_t>& lens) override {
+    for (int l = 0; l < sh_.layers; ++l) {
+      ds4::DecodeProblem& p = problems_[l][bi];
+      p.seq_lens = lens;
+      if (p.cfg.ratio == 4)
+        for (int b = 0; b < p.batch; ++b)
+          make_picks(lens[b] / 4, p.cfg.topk, 31 + static_cast<std::uint64_t>(b), &p.topk_local[static_cast<std::size_t>(b) * p.cfg.topk]);
+    }
+  }
+  void run_layers(int bi, const Bindings& b, bool graph) override {
+    for (int l = 0; l < sh_.layers; ++l) layer(problems_[l][bi], b, (graph ? out_graph_ : out_eager_)[l].data());
+  }
+  void poison(int, bool graph) override {
+    for (auto& o : graph ? out_graph_ : out_eager_) std::memset(o.data(), kPoison, o.size() * sizeof(float));
+  }
+  std::uint64_t differing_bytes(int bi) override {
+    std::uint64_t n = 0;
+    const std::size_t bytes = bucket_elems(bi) * sizeof(float);
+    for (int l = 0; l < sh_.layers; ++l) {
+      const auto* a = reinterpret_cast<const std::uint8_t*>(out_graph_[l].data());
+      const auto* e = reinterpret_cast<const std::uint8_t*>(out_eager_[l].data());
+      for (std::size_t i = 0; i < bytes; ++i) n += a[i] != e[i];
+    }
+    return n;
+  }
+  bool graph_output_untouched(int bi) override {
+    const std::size_t bytes = bucket_elems(bi) * sizeof(float);
+    for (const auto& o : out_graph_) {
+      const auto* a = reinterpret_cast<const std::uint8_t*>(o.data());
+      for (std::size_t i = 0; i < bytes; ++i)
+        if (a[i] != kPoison) return false;
+    }
+    return true;
+  }
+  void corrupt_graph_output() override { reinterpret_cast<std::uint8_t*>(out_graph_[0].data())[0] ^= 0x01; }
+  std::optional<double> reference_error(int bi) override {
+    double worst = 0;
+    const std::size_t n = bucket_elems(bi);
+    std::vector<float> r(n);
+    for (int l = 0; l < sh_.layers; ++l) {
+      ds4::ref::sparse_attention(problems_[l][bi], r.data());
+      double num = 0, den = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double d = static_cast<double>(out_eager_[l][i]) - r[i];
+        num += d * d;
+        den += static_cast<double>(r[i]) * r[i];
+      }
+      worst = std::max(worst, den == 0 ? std::sqrt(num) : std::sqrt(num / den));
+    }
+    return worst;
+  }
+  void timer_start() override { t0_ = std::chrono::steady_clock::now(); }
+  double timer_stop_ms() override {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  void synchronize() override {}
+  std::string machine() const override { return "host (CPU reference path, no GPU)"; }
+  bool is_host() const override { return true; }
+
+ private:
+  std::size_t bucket_elems(int bi) const {
+    return static_cast<std::size_t>(sh_.buckets[bi]) * sh_.heads * ds4::kHeadDim;
+  }
+  // One layer: the same sizes as ds4::GatherDecode::run (fp32 workspace instead of bf16).
+  void layer(ds4::DecodeProblem& p, const Bindings& b, float* out) {
+    Arena& arena = *arena_;
+    const ds4::LayerConfig& cfg = p.cfg;
+    const int r = cfg.ratio;
+    const Symbol W = syms_.window;
+    const Extent n_c = r > 1 ? max_over(syms_.seq_lens, [&](const Extent& l) { return floor_div(l, r); }) : Extent(0);
+    const Extent g = max_over(syms_.seq_lens, [&](const Extent& l) { return min(l, Extent(W)); });
+    const StaticQueryBound swa_bound{Extent(W)};
+    const std::int64_t N = arena.dimension(hs_, "ds4.kv.compressed_rows", n_c, ds4::compressed_rows_policy(sizing_), b);
+    const std::int64_t G = arena.dimension(hs_, "ds4.kv.swa_rows", g, ds4::swa_rows_policy(sizing_, swa_bound), b);
+    const std::int64_t M = N + G;
+    const int width = cfg.combined_width();
+    auto kv = arena.request(hs_, "ds4.kv", Extent(syms_.requests) * M * ds4::kHeadDim, sizeof(float), capacity_bound, b);
+    auto idx = arena.request(hs_, "ds4.combined_indices", Extent(syms_.requests) * width, 4, capacity_bound, b);
+    auto lens = arena.request(hs_, "ds4.combined_lens", Extent(syms_.requests), 4, capacity_bound, b);
+    float* ws = kv.as<float>();
+    std::int32_t* ip = idx.as<std::int32_t>();
+    std::int32_t* lp = lens.as<std::int32_t>();
+    const std::int64_t ws_rows = static_cast<std::int64_t>(p.batch) * M;
+    ds4::DecodeProblem* pp = &p;
+    hs_.launch([pp, N, M, width, ip, lp] { host_combine(*pp, N, M, width, ip, lp); });
+    hs_.launch([pp, N, M, ws_rows, ws] { host_gather(*pp, N, M, ws_rows, ws); });
+    hs_.launch([pp, ws, ws_rows, ip, lp, width, out] {
+      ds4::ref::attention_over_workspace(*pp, ws, ws_rows, ip, lp, width, out);
+    });
+  }
+
+  Shapes sh_;
+  const ds4::Ds4Symbols& syms_;
+  HostBackend backend_;
+  HostStream hs_;
+  Arena* arena_ = nullptr;
+  ds4::Sizing sizing_ = ds4::Sizing::safe;
+  ds4::LayerConfig cfg_[3];
+  std::vector<std::vector<ds4::DecodeProblem>> problems_;  // [layer][bucket]
+  std::vector<std::vector<float>> out_graph_, out_eager_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// One policy's run
+
+struct PolicyResult {
+  std::string name, n_policy, g_policy;
+  int steps_run = 0;
+  bool stopped = false;  // --no-recapture: stopped at the refused replay
+  double capture_ms = 0;
+  double eager_ms = 0, graph_ms = 0;  // means per decode step (all layers)
+  int eager_samples = 0, graph_samples = 0;
+  double guard_ns = 0;                // plan().check per replay, mean over the buckets' graphs
+  std::size_t guards = 0;             // live guards over all buckets' graphs
+  std::size_t findings = 0;           // capture findings (plans)
+  std::uint64_t region_bytes = 0, sum_plan_bytes = 0, largest_plan_bytes = 0;
+  std::vector<std::uint64_t> plan_bytes;  // per bucket (ascending buckets)
+  std::uint64_t recaptures = 0, refusals = 0;
+  int checks = 0, failed = 0;
+};
+
+struct Policy {
+  std::string name;
+  ds4::Sizing sizing;
+};
+
+std::string first_lines(const std::string& s, int n, const char* indent) {
+  std::istringstream in(s);
+  std::string out, line;
+  int i = 0;
+  while (std::getline(in, line)) {
+    if (i++ == n) {
+      out += indent;
+      out += "...\n";
+      break;
+    }
+    out += indent + line + "\n";
+  }
+  return out;
+}
+
+PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const ds4::Ds4Symbols& syms,
+                        const Policy& pol) {
+  PolicyResult res;
+  res.name = pol.name;
+  const bool exact = pol.sizing == ds4::Sizing::exact;
+  const StaticQueryBound swa_bound{Extent(syms.window)};
+  res.n_policy = std::string(ds4::compressed_rows_policy(pol.sizing).name());
+  res.g_policy = std::string(ds4::swa_rows_policy(pol.sizing, swa_bound).name());
+  const bool unguarded = opt.inject == "unguarded";
+  const bool recapture = exact && opt.recapture && opt.inject.empty();
+  std::printf("\n=== policy %s: N (compressed rows) %s, G (SWA rows) %s%s\n", pol.name.c_str(), res.n_policy.c_str(),
+              res.g_policy.c_str(),
+              unguarded ? "; --inject-corruption: replays BYPASS the guard (replay_unguarded_for_testing)" : "");
+
+  const Stream s = eng.stream();
+  const ds4::LayerConfig cfg = layer_config(sh, 4);
+  Trace trace(sh, opt.seed, !opt.inject.empty());
+  const int nb = static_cast<int>(sh.buckets.size());
+  const std::int64_t granule = std::max(sh.window, sh.max_model_len / 16);
+  debug::clear_findings();
+
+  if (exact && opt.inject.empty()) {
+    // Debug mode (ArenaOptions::debug, what GRAPHSAFE_DEBUG=1 turns on) on one capture of the largest
+    // bucket in an arena of its own: its capture-time report goes to stderr, its findings (kind,
+    // request, site, fix) are listed below. Canaries off: this is about capture-time detection.
+    ArenaOptions dao;
+    dao.report_findings = false;
+    dao.debug = true;
+    dao.canaries = false;
+    dao.nvtx = false;
+    Arena debug_arena(eng.backend(), dao);
+    eng.bind(debug_arena, pol.sizing);
+    debug_arena.reserve(eng.capture_bytes_upper_bound(nb - 1), s);
+    const int R = sh.buckets[nb - 1];
+    const auto lens = trace.bucket_lens(R, R);
+    eng.set_lengths(nb - 1, lens);
+    std::printf("debug mode: capturing bucket %d once with ArenaOptions::debug (its report follows on stderr)\n", R);
+    std::fflush(stdout);
+    {
+      auto probe = capture(debug_arena, s, syms.bind(R, cfg, lens),
+                           [&eng, nb](const Bindings& bb) { eng.run_layers(nb - 1, bb, true); });
+      eng.synchronize();
+    }
+    std::fflush(stderr);
+    const auto dbg = debug::findings();
+    std::printf("debug mode found %zu distinct problem(s) at capture time, before any replay, e.g.:\n", dbg.size());
+    for (std::size_t i = 0; i < std::min<std::size_t>(2, dbg.size()); ++i) {
+      const auto& f = dbg[i];
+      std::printf("  FINDING [%s] %s (x%llu)\n    at %s\n    %s\n", f.kind.c_str(), f.request.c_str(),
+                  static_cast<unsigned long long>(f.count), f.site.c_str(), f.message.c_str());
+    }
+    ++res.checks;
+    if (dbg.empty()) {
+      std::printf("  CHECK FAILED: debug mode should report exact-at-capture sizes at capture time\n");
+      ++res.failed;
+    }
+  }
+
+  ArenaOptions ao;
+  ao.report_findings = false;  // printed below
+  Arena arena(eng.backend(), ao);
+  eng.bind(arena, pol.sizing);
+
+  // ---- capture: one graph per bucket, largest first, one family --------------------------------
+  CaptureFamily family = arena.family("decode");
+  arena.reserve(eng.capture_bytes_upper_bound(nb - 1), s);
+  std::vector<std::optional<CapturedGraph>> graphs(nb);
+  std::vector<std::optional<Bindings>> last_ok(nb);
+  for (int bi = nb - 1; bi >= 0; --bi) {
+    const int R = sh.buckets[bi];
+    const auto lens = trace.bucket_lens(R, R);
+    eng.set_lengths(bi, lens);
+    const Bindings b = syms.bind(R, cfg, lens);
+    CaptureOptions co;
+    co.family = family;
+    if (recapture)
+      co.recapture = [&syms, granule, &sh](const Bindings& refused) -> std::optional<Bindings> {
+        std::vector<std::int64_t> up;
+        for (auto v : refused.values(syms.seq_lens))
+          up.push_back(std::min<std::int64_t>((v + granule / 2 + granule - 1) / granule * granule, sh.max_model_len));
+        Bindings bucket = refused;
+        bucket.set(syms.seq_lens, std::span<const std::int64_t>(up));
+        return bucket;
+      };
+    const auto t0 = std::chrono::steady_clock::now();
+    graphs[bi] = capture(arena, s, b, [&eng, bi](const Bindings& bb) { eng.run_layers(bi, bb, true); }, co);
+    res.capture_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    last_ok[bi] = b;
+    res.findings += graphs[bi]->plan().findings().size();
+  }
+  std::printf("captured %d graphs (buckets", nb);
+  for (int R : sh.buckets) std::printf(" %d", R);
+  std::printf(") x %d layers in %.1f ms, one family '%s': region %s (separate regions: %s)\n", sh.layers,
+              res.capture_ms, family.name().c_str(), show_bytes(static_cast<double>(family.region_bytes())).c_str(),
+              show_bytes(static_cast<double>(family.sum_of_plan_bytes())).c_str());
+  std::size_t guards = 0;
+  for (auto& g : graphs) guards += g->plan().guard_count();
+  if (!exact) {
+    ++res.checks;
+    if (res.findings == 0 && guards == 0) {
+      std::printf("  check: no capture finding, no live guard (every size proven replay-safe): OK\n");
+    } else {
+      std::printf("  CHECK FAILED: a safe policy left %zu findings and %zu live guards\n", res.findings, guards);
+      ++res.failed;
+    }
+  } else {
+    ++res.checks;
+    if (res.findings == 0) {
+      std::printf("  CHECK FAILED: exact-at-capture on seq_lens should be reported at capture\n");
+      ++res.failed;
+    } else {
+      const auto& f = graphs[nb - 1]->plan().findings().front();
+      std::printf("capture findings in the plans: %zu over %d graphs (%zu live guards), e.g. %s at %s\n", res.findings,
+                  nb, guards, f.request.c_str(), f.site.c_str());
+    }
+  }
+
+  // ---- decode the growth trace -----------------------------------------------------------------
+  bool told_refusal = false;
+  for (int step = 0; step < sh.steps; ++step) {
+    const int n = trace.active(step);
+    const int bi = bucket_index(sh, n);
+    const int R = sh.buckets[bi];
+    const auto lens = trace.bucket_lens(n, R);
+    eng.set_lengths(bi, lens);
+    const Bindings b = syms.bind(R, cfg, lens);
+    CapturedGraph& graph = *graphs[bi];
+    const bool check = !opt.inject.empty() || step % sh.check_every == 0 || step == sh.steps - 1;
+
+    // Eager: the truth for this step (sizes recomputed from the current lengths).
+    double eager_ms = -1;
+    if (check) {
+      eng.poison(bi, false);
+      eng.timer_start();
+      eng.run_layers(bi, b, false);
+      eager_ms = eng.timer_stop_ms();
+      res.eager_ms += eager_ms;
+      ++res.eager_samples;
+    }
+    const std::vector<GuardViolation> violations = exact ? graph.plan().check(b) : std::vector<GuardViolation>{};
+    if (check || !violations.empty()) eng.poison(bi, true);
+    if (!violations.empty() && !unguarded && !told_refusal) {
+      told_refusal = true;
+      const auto& v = violations.front();
+      std::printf("step %d: batch %d (bucket %d), lengths grew past the capture: the guard checks %s\n", step, n, R,
+                  v.symbols.c_str());
+      std::printf("  %s needs %lld but the graph froze %lld (%s at %s): the gather would write rows past N,\n"
+                  "  over the SWA rows of the workspace (see --inject-corruption). %zu guard(s) fail.\n",
+                  v.request.c_str(), static_cast<long long>(v.required), static_cast<long long>(v.reserved),
+                  v.policy.c_str(), v.site.c_str(), violations.size());
+    }
+    const std::uint64_t recaptures_before = graph.recaptures();
+    bool refused = false;
+    std::string refusal;
+    eng.timer_start();
+    try {
+      if (unguarded)
+        graph.replay_unguarded_for_testing(s);
+      else
+        graph.replay(b, s);
+    } catch (const guard_failure& e) {
+      refused = true;
+      refusal = e.what();
+    }
+    const double graph_ms = eng.timer_stop_ms();
+    const bool recaptured = graph.recaptures() != recaptures_before;
+    if (refused || !violations.empty()) ++res.refusals;
+    res.recaptures += graph.recaptures() - recaptures_before;
+    res.steps_run = step + 1;
+
+    if (refused) {
+      ++res.checks;
+      const bool untouched = eng.graph_output_untouched(bi);
+      std::printf("  replay REFUSED by the guard before launch:\n%s", first_lines(refusal, 4, "    ").c_str());
+      if (!exact) {
+        std::printf("  CHECK FAILED: a safe policy's replay was refused\n");
+        ++res.failed;
+      } else if (!untouched) {
+        std::printf("  CHECK FAILED: the refused replay wrote output\n");
+        ++res.failed;
+      } else {
+        std::printf("  check: the graph never ran (outputs untouched): OK. Without a re-capture hook this is\n"
+                    "  where an engine must fall back (--no-recapture): decoding stops for this policy.\n");
+      }
+      res.stopped = true;
+      break;
+    }
+    if (recaptured) {
+      std::printf("  step %d: recapture hook: re-captured bucket %d at lengths rounded up to a multiple of %lld "
+                  "(%llu re-captures so far), then replayed\n",
+                  step, R, static_cast<long long>(granule), static_cast<unsigned long long>(res.recaptures));
+    } else {
+      res.graph_ms += graph_ms;
+      ++res.graph_samples;
+      if (violations.empty()) last_ok[bi] = b;
+    }
+    if (check) {
+      if (opt.inject == "flip") eng.corrupt_graph_output();
+      ++res.checks;
+      const std::uint64_t diff = eng.differing_bytes(bi);
+      int maxlen = 0;
+      for (int v : lens) maxlen = std::max(maxlen, v);
+      std::printf("  step %3d/%d  batch %2d (bucket %2d)  longest %6d  eager %8.3f ms  graph %8.3f ms  ", step + 1,
+                  sh.steps, n, R, maxlen, eager_ms, graph_ms);
+      if (diff == 0) {
+        std::printf("replay == eager, %d layers bit for bit: OK\n", sh.layers);
+      } else {
+        std::printf("\n  CHECK FAILED: replay differs from eager in %llu bytes\n", static_cast<unsigned long long>(diff));
+        ++res.failed;
+      }
+      if (const auto err = eng.reference_error(bi)) {
+        ++res.checks;
+        if (*err <= 1e-4) {
+          std::printf("               eager vs independent CPU reference (ref::sparse_attention): rel. error %.1e: OK\n", *err);
+        } else {
+          std::printf("  CHECK FAILED: eager vs ref::sparse_attention relative error %.3e > 1e-4\n", *err);
+          ++res.failed;
+        }
+      }
+    }
+    trace.advance(n);
+  }
+  if (exact && opt.inject.empty()) {
+    ++res.checks;
+    if (res.refusals + res.recaptures == 0) {
+      std::printf("  CHECK FAILED: the lengths grew past the capture but no guard fired\n");
+      ++res.failed;
+    }
+  }
+
+  // ---- guard cost and memory -------------------------------------------------------------------
+  double ns = 0;
+  int timed = 0;
+  for (int bi = 0; bi < nb; ++bi) {
+    res.guards += graphs[bi]->plan().guard_count();
+    res.plan_bytes.push_back(graphs[bi]->reserved_bytes());
+    if (!last_ok[bi] || !graphs[bi]->plan().check(*last_ok[bi]).empty()) continue;
+    constexpr int kIters = 2000;
+    std::size_t sink = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kIters; ++i) sink += graphs[bi]->plan().check(*last_ok[bi]).size();
+    ns += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / kIters;
+    ++timed;
+    if (sink) std::printf("(unexpected guard violations while timing)\n");
+  }
+  res.guard_ns = timed ? ns / timed : 0;
+  res.region_bytes = family.region_bytes();
+  res.sum_plan_bytes = family.sum_of_plan_bytes();
+  res.largest_plan_bytes = family.largest_plan_bytes();
+  if (res.eager_samples) res.eager_ms /= res.eager_samples;
+  if (res.graph_samples) res.graph_ms /= res.graph_samples;
+  eng.synchronize();
+  graphs.clear();
+  return res;
+}
+
+// ------------------------------------------------------------------------------------------------
+
+void print_summary(const std::vector<PolicyResult>& rs, const Shapes& sh, const std::string& machine) {
+  std::printf("\n=== summary: %d layers, heads %d, batch buckets", sh.layers, sh.heads);
+  for (int R : sh.buckets) std::printf(" %d", R);
+  std::printf(", max_model_len %d, %d steps, on %s\n", sh.max_model_len, sh.steps, machine.c_str());
+  std::printf("%-13s %-37s %10s %10s %8s %11s %11s %12s %11s %9s %7s\n", "policy", "N / G sizing", "eager ms",
+              "graph ms", "speedup", "guard ns", "region", "sep. regions", "saved", "recapture", "checks");
+  for (const auto& r : rs) {
+    char sizing[64], guard[32], rec[32], checks[32], speed[16];
+    std::snprintf(sizing, sizeof sizing, "%s / %s", r.n_policy.c_str(), r.g_policy.c_str());
+    std::snprintf(guard, sizeof guard, "%.0f (%zu)", r.guard_ns, r.guards);
+    std::snprintf(rec, sizeof rec, "%llu/%llu", static_cast<unsigned long long>(r.recaptures),
+                  static_cast<unsigned long long>(r.refusals));
+    std::snprintf(checks, sizeof checks, "%d/%d", r.checks - r.failed, r.checks);
+    if (r.graph_samples && r.eager_samples && r.graph_ms > 0)
+      std::snprintf(speed, sizeof speed, "%.2fx", r.eager_ms / r.graph_ms);
+    else
+      std::snprintf(speed, sizeof speed, "-");
+    std::printf("%-13s %-37s %10.3f %10.3f %8s %11s %11s %12s %11s %9s %7s%s\n", r.name.c_str(), sizing, r.eager_ms,
+                r.graph_ms, speed, guard, show_bytes(static_cast<double>(r.region_bytes)).c_str(),
+                show_bytes(static_cast<double>(r.sum_plan_bytes)).c_str(),
+                show_bytes(static_cast<double>(r.sum_plan_bytes > r.region_bytes ? r.sum_plan_bytes - r.region_bytes : 0))
+                    .c_str(),
+                rec, checks,
+                r.stopped ? "  (stopped at the refusal)" : "");
+  }
+  std::printf("columns: eager/graph ms = mean time of one decode step (all layers); guard ns = plan guard check per\n"
+              "replay (live guards); region = the family's shared workspace region; sep. regions = what one region\n"
+              "per bucket graph would hold; recapture = re-captures / replays whose guards failed; checks = passed / run.\n");
+}
+
+void write_json(const std::string& path, const std::vector<PolicyResult>& rs, const Shapes& sh, const std::string& machine,
+                const std::string& command) {
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error("ds4_decode_demo: cannot write " + path);
+  std::string tag = "L" + std::to_string(sh.layers) + "_H" + std::to_string(sh.heads) + "_B" + std::to_string(sh.batch) +
+                    "_len" + std::to_string(sh.max_model_len);
+  bool first = true;
+  auto rec = [&](const std::string& name, double value, const char* unit, const char* bname, std::optional<double> bval) {
+    char buf[2048];
+    std::string esc_cmd;
+    for (char c : command) {
+      if (c == '"' || c == '\\') esc_cmd += '\\';
+      esc_cmd += c;
+    }
+    std::string b = "null";
+    if (bname) {
+      b.assign(1, '"');
+      b.append(bname);
+      b.push_back('"');
+    }
+    char bv[64] = "null", ratio[64] = "null";
+    if (bval) {
+      std::snprintf(bv, sizeof bv, "%.6g", *bval);
+      if (value != 0) std::snprintf(ratio, sizeof ratio, "%.6g", *bval / value);
+    }
+    std::snprintf(buf, sizeof buf,
+                  "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline_name\": %s, \"baseline_value\": %s, "
+                  "\"ratio\": %s, \"machine\": \"%s\", \"command\": \"%s\"}",
+                  name.c_str(), value, unit, b.c_str(), bv, ratio, machine.c_str(), esc_cmd.c_str());
+    f << (first ? "[\n" : ",\n") << buf;
+    first = false;
+  };
+  for (const auto& r : rs) {
+    const std::string p = "ds4_decode_demo." + tag + "." + r.name + ".";
+    if (r.graph_samples) {
+      const std::string eager_name = p + "eager_step_ms";
+      rec(p + "graph_step_ms", r.graph_ms, "ms", r.eager_samples ? eager_name.c_str() : nullptr,
+          r.eager_samples ? std::optional<double>(r.eager_ms) : std::nullopt);
+    }
+    if (r.eager_samples) rec(p + "eager_step_ms", r.eager_ms, "ms", nullptr, std::nullopt);
+    rec(p + "guard_check_ns_per_replay", r.guard_ns, "ns", nullptr, std::nullopt);
+    rec(p + "live_guards", static_cast<double>(r.guards), "count", nullptr, std::nullopt);
+    const std::string sep = p + "separate_regions_bytes";
+    rec(p + "family_region_bytes", static_cast<double>(r.region_bytes), "B", sep.c_str(),
+        static_cast<double>(r.sum_plan_bytes));
+    rec(sep, static_cast<double>(r.sum_plan_bytes), "B", nullptr, std::nullopt);
+    for (std::size_t i = 0; i < r.plan_bytes.size(); ++i)
+      rec(p + "plan_bytes_bucket" + std::to_string(sh.buckets[i]), static_cast<double>(r.plan_bytes[i]), "B", nullptr,
+          std::nullopt);
+    rec(p + "capture_ms", r.capture_ms, "ms", nullptr, std::nullopt);
+    rec(p + "recaptures", static_cast<double>(r.recaptures), "count", nullptr, std::nullopt);
+    rec(p + "refusals", static_cast<double>(r.refusals), "count", nullptr, std::nullopt);
+    rec(p + "checks_passed", static_cast<double>(r.checks - r.failed), "count", (p + "checks_run").c_str(),
+        static_cast<double>(r.checks));
+  }
+  f << (first ? "[\n" : "") << "\n]\n";
+  if (!f) throw std::runtime_error("ds4_decode_demo: error writing " + path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines show as they happen, in order with stderr
+  auto parsed = parse(argc, argv);
+  if (!parsed) {
+    usage(stderr);
+    return 2;
+  }
+  Options opt = *parsed;
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  const bool gpu = err == cudaSuccess && count > 0 && !opt.force_host;
+  try {
+    std::string machine;
+    if (gpu) {
+      int id = 0;
+      cudaDeviceProp prop{};
+      GRAPHSAFE_CUDA(cudaGetDevice(&id));
+      GRAPHSAFE_CUDA(cudaGetDeviceProperties(&prop, id));
+      machine = std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) + " SMs";
+      std::printf("graphsafe ds4_decode_demo: CUDA device %d (%s, sm_%d%d, %d SMs) -- CUDA backend: real CUDA Graphs "
+                  "over the DS4 kernels\n",
+                  id, prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    } else {
+      machine = "host (CPU reference path, no GPU)";
+      if (count > 0)
+        std::printf("graphsafe ds4_decode_demo: --host given (%d CUDA device(s) present) -- host backend: the CPU "
+                    "reference path on tiny shapes (SPEC 7.3)\n",
+                    count);
+      else
+        std::printf("graphsafe ds4_decode_demo: no CUDA device (cudaGetDeviceCount: %s) -- host backend: the CPU "
+                    "reference path on tiny shapes (SPEC 7.3)\n",
+                    err == cudaSuccess ? "0 devices" : cudaGetErrorString(err));
+    }
+    Shapes sh;
+    if (!gpu) {
+      sh.heads = 4;
+      sh.batch = 4;
+      sh.max_model_len = 512;
+      sh.steps = 16;
+      sh.check_every = 4;
+      sh.window = 4;
+      sh.topk = 8;
+      sh.swa_block_tokens = 16;
+    }
+    sh.layers = opt.layers.value_or(sh.layers);
+    sh.heads = opt.heads.value_or(sh.heads);
+    sh.batch = opt.batch.value_or(sh.batch);
+    sh.max_model_len = opt.max_model_len.value_or(sh.max_model_len);
+    sh.steps = opt.steps.value_or(sh.steps);
+    sh.check_every = opt.check_every.value_or(sh.check_every);
+    if (gpu && sh.heads != 64 && sh.heads != 128) {
+      std::fprintf(stderr, "ds4_decode_demo: the CUDA kernels take --heads 64 or 128 (got %d)\n", sh.heads);
+      return 2;
+    }
+    if (sh.max_model_len < 8 * sh.window || sh.steps * 4 > sh.max_model_len) {
+      std::fprintf(stderr,
+                   "ds4_decode_demo: --max-model-len %d must be >= 8 x window (%d) and >= 4 x --steps (%d)\n",
+                   sh.max_model_len, sh.window, sh.steps);
+      return 2;
+    }
+    for (int R = std::max(1, sh.batch / 8); R < sh.batch; R *= 2) sh.buckets.push_back(R);
+    sh.buckets.push_back(sh.batch);
+
+    std::vector<Policy> policies;
+    if (opt.inject == "unguarded") {
+      policies = {{"exact", ds4::Sizing::exact}};
+    } else {
+      if (opt.policy == "all" || opt.policy == "capacity") policies.push_back({"capacity", ds4::Sizing::capacity});
+      if (opt.policy == "all" || opt.policy == "static-query") policies.push_back({"static-query", ds4::Sizing::safe});
+      if (opt.policy == "all" || opt.policy == "exact") policies.push_back({"exact", ds4::Sizing::exact});
+      if (opt.inject == "flip") policies.resize(1);
+    }
+
+    const ds4::Ds4Symbols syms(layer_config(sh, 4));
+    int types[3] = {0, 0, 0};
+    for (int l = 0; l < sh.layers; ++l) ++types[type_index(layer_ratio(l))];
+    std::printf("model: %d attention layers (%d %s, %d %s, %d %s; V4-Flash schedule), H %d, W %d, K %d, "
+                "max_model_len %d\n",
+                sh.layers, types[0], type_name(0), types[1], type_name(1), types[2], type_name(2), sh.heads, sh.window,
+                sh.topk, sh.max_model_len);
+    std::printf("trace: %d slots, prompts of mixed lengths, %d decode steps (+1 token per active request), active "
+                "batch varies over buckets",
+                sh.batch, sh.steps);
+    for (int R : sh.buckets) std::printf(" %d", R);
+    std::printf("; eager vs replay checked every %d steps\n", sh.check_every);
+    std::printf("caches: one SWA cache for all layers, one compressed cache per layer type (shared: see docs/ds4_client.md); "
+                "per-layer queries, sinks, outputs and workspaces\n");
+
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_ptr<Engine> eng;
+    if (gpu)
+      eng = std::make_unique<CudaEngine>(sh, syms, opt.seed, machine);
+    else
+      eng = std::make_unique<HostEngine>(sh, syms, opt.seed);
+    std::printf("inputs built in %.2f s\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+
+    std::vector<PolicyResult> results;
+    for (const auto& p : policies) results.push_back(run_policy(*eng, sh, opt, syms, p));
+    print_summary(results, sh, eng->machine());
+    if (!opt.json.empty()) {
+      write_json(opt.json, results, sh, eng->machine(), opt.command);
+      std::printf("figures written to %s\n", opt.json.c_str());
+    }
+    int failed = 0, checks = 0;
+    for (const auto& r : results) {
+      failed += r.failed;
+      checks += r.checks;
+    }
+    eng.reset();
+    if (failed == 0)
+      std::printf("result: all %d checks passed\n", checks);
+    else
+      std::printf("result: %d of %d CHECKS FAILED\n", failed, checks);
+    return failed == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::printf("ds4_decode_demo: error: %s\nresult: CHECKS FAILED (error)\n", e.what());
+    return 1;
+  }
+}

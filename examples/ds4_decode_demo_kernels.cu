@@ -1,0 +1,95 @@
+#include "ds4_decode_demo_kernels.hpp"
+
+#include <cuda_bf16.h>
+
+namespace ds4_demo {
+namespace {
+
+__device__ __forceinline__ std::uint32_t hash32(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return static_cast<std::uint32_t>(x);
+}
+
+__device__ __forceinline__ std::uint16_t rand_bf16(std::uint32_t h) {  // uniform in [-1, 1)
+  const float f = static_cast<float>(h & 0xFFFFFF) / 8388608.0f - 1.0f;
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+__global__ void fill_cache_kernel(std::uint32_t* words, std::size_t nwords, int bs, std::size_t stride,
+                                  std::uint64_t seed) {
+  for (std::size_t w = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; w < nwords;
+       w += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t off = w * 4, r = off % stride;
+    const std::uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ULL + w);
+    std::uint32_t v = 0;
+    if (r < static_cast<std::size_t>(bs) * 576) {
+      const std::size_t b = r % 576;
+      if (b < 448)
+        v = h & 0xBFBFBFBFu;
+      else
+        v = rand_bf16(h) | (static_cast<std::uint32_t>(rand_bf16(hash32(h + 7))) << 16);
+    } else if (r < static_cast<std::size_t>(bs) * 584) {
+      const std::size_t k0 = (r - static_cast<std::size_t>(bs) * 576) % 8;
+      for (int i = 0; i < 4; ++i) {
+        const std::uint32_t byte = (k0 + i) < 7 ? 124u + ((h >> (8 * i)) & 3u) : 0u;
+        v |= byte << (8 * i);
+      }
+    }
+    words[w] = v;
+  }
+}
+
+__global__ void fill_bf16_kernel(std::uint16_t* p, std::size_t n, std::uint64_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    p[i] = rand_bf16(hash32(seed * 0x9E3779B97F4A7C15ULL + i));
+}
+
+__global__ void count_kernel(const std::uint8_t* a, const std::uint8_t* b, int value, int layers, std::size_t stride,
+                             std::size_t bytes, unsigned long long* count) {
+  unsigned long long local = 0;
+  const std::size_t total = static_cast<std::size_t>(layers) * bytes;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t off = (i / bytes) * stride + i % bytes;
+    const int want = b != nullptr ? static_cast<int>(b[off]) : value;
+    local += static_cast<int>(a[off]) != want ? 1ull : 0ull;
+  }
+  if (local) atomicAdd(count, local);
+}
+
+}  // namespace
+
+cudaError_t fill_cache(std::uint8_t* base, std::size_t bytes, int block_tokens, std::size_t stride,
+                       std::uint64_t seed, cudaStream_t s) {
+  if (bytes == 0) return cudaSuccess;
+  fill_cache_kernel<<<2048, 256, 0, s>>>(reinterpret_cast<std::uint32_t*>(base), bytes / 4, block_tokens, stride,
+                                          seed);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_bf16(std::uint16_t* p, std::size_t n, std::uint64_t seed, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  fill_bf16_kernel<<<1024, 256, 0, s>>>(p, n, seed);
+  return cudaGetLastError();
+}
+
+cudaError_t count_differences(const std::uint8_t* a, const std::uint8_t* b, int layers, std::size_t stride,
+                              std::size_t bytes, unsigned long long* count, cudaStream_t s) {
+  if (layers == 0 || bytes == 0) return cudaSuccess;
+  count_kernel<<<1024, 256, 0, s>>>(a, b, 0, layers, stride, bytes, count);
+  return cudaGetLastError();
+}
+
+cudaError_t count_not_equal(const std::uint8_t* a, std::uint8_t value, int layers, std::size_t stride,
+                            std::size_t bytes, unsigned long long* count, cudaStream_t s) {
+  if (layers == 0 || bytes == 0) return cudaSuccess;
+  count_kernel<<<1024, 256, 0, s>>>(a, nullptr, value, layers, stride, bytes, count);
+  return cudaGetLastError();
+}
+
+}  // namespace ds4_demo
