@@ -139,8 +139,13 @@ struct TraceResult {
 
 TraceResult run_trace(int max_len, int steps, bool shrink_policy, double* capacity_plan_bytes,
                       double* replay_virtual_ns, double* replay_plain_ns, bool measure_plain) {
-  cudaStream_t s;
-  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  // Declared first so it is destroyed last: graphs and arenas below are ordered on this stream.
+  struct StreamOwner {
+    cudaStream_t s{};
+    ~StreamOwner() { cudaStreamDestroy(s); }
+  } owner;
+  check(cudaStreamCreateWithFlags(&owner.s, cudaStreamNonBlocking), "stream");
+  cudaStream_t s = owner.s;
   CudaBackend backend;
   auto vm = std::make_shared<CudaVirtualMemory>();
   const double G = static_cast<double>(vm->granularity());
@@ -251,8 +256,8 @@ TraceResult run_trace(int max_len, int steps, bool shrink_policy, double* capaci
       *replay_plain_ns = time_replays(pg);
     }
   }
+  check(cudaStreamSynchronize(s), "sync");
   cudaFree(d_lens);
-  cudaStreamDestroy(s);
   return r;
 }
 

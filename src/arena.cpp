@@ -322,10 +322,13 @@ void ArenaCore::begin_session(SessionState& st) {
     if (st.family->capturing)
       throw capture_state_error("graphsafe: family '" + st.family->name +
                                 "' is already capturing a graph; capture the graphs of one family one after another");
-    nothing_free = fl.free_blocks() == 0 && !st.family->region;
+    // A family re-captured after its graphs died knows how much its largest plan took: when
+    // fragmentation left no free range that large, grow now rather than fail mid-capture.
+    nothing_free = !st.family->region &&
+                   (fl.free_blocks() == 0 || (st.family->largest_plan > 0 && fl.largest_free() < st.family->largest_plan));
   }
   if (nothing_free && opts.grow_on_demand) {
-    const std::uint64_t slab = align_up(opts.growth_bytes, 2ull << 20);
+    const std::uint64_t slab = align_up(std::max(opts.growth_bytes, st.family->largest_plan), 2ull << 20);
     void* p = backend.allocate_slab(slab, st.stream);
     std::lock_guard g(lock);
     fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, st.stream.handle());

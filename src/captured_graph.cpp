@@ -15,8 +15,11 @@ namespace {
 void destroy_graph(GraphState& g) noexcept {
   if (!g.handle.exec && !g.handle.graph) return;
   ArenaCore& core = *g.core;
-  // Replays may still be in flight; the exec and the region must outlive them.
-  if (g.family->last_stream) {
+  // Replays may still be in flight. The exec is freed by CUDA when they complete
+  // (cudaGraphExecDestroy), and the region goes back tagged with the last replay's stream, so any
+  // reuse is ordered after it: no synchronization here (the stream may even be gone already).
+  // Virtual regions unmap physical memory, which must wait for the replays.
+  if (g.family->virt && g.family->last_stream) [[unlikely]] {
     try {
       core.backend.synchronize(Stream(static_cast<cudaStream_t>(g.family->last_stream)));
     } catch (...) {

@@ -45,7 +45,27 @@ CudaBackend::~CudaBackend() {
   }
 }
 
+namespace {
+// Another thread may be capturing in global mode, which makes this thread's stream-ordered
+// allocation on its own (eager) stream "unsafe" and invalidates that capture. Slab allocation never
+// belongs in a graph, so do it in relaxed mode (as PyTorch's allocator does).
+class RelaxedMode {
+ public:
+  RelaxedMode() { ok_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess; }
+  ~RelaxedMode() {
+    if (ok_) cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedMode(const RelaxedMode&) = delete;
+  RelaxedMode& operator=(const RelaxedMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool ok_ = false;
+};
+}  // namespace
+
 void* CudaBackend::allocate_slab(std::uint64_t bytes, Stream s) {
+  RelaxedMode relaxed;
   void* p = nullptr;
   const cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, pool_, s.cuda());
   if (err == cudaErrorMemoryAllocation) {
@@ -57,7 +77,17 @@ void* CudaBackend::allocate_slab(std::uint64_t bytes, Stream s) {
   return p;
 }
 
-void CudaBackend::free_slab(void* p, std::uint64_t, Stream s) { GRAPHSAFE_CUDA(cudaFreeAsync(p, s.cuda())); }
+void CudaBackend::free_slab(void* p, std::uint64_t, Stream s) {
+  RelaxedMode relaxed;
+  if (!s.cuda()) {
+    // Arena teardown: replays may still run on non-blocking streams the legacy stream does not
+    // order against. Wait for the device, then free.
+    GRAPHSAFE_CUDA(cudaDeviceSynchronize());
+    GRAPHSAFE_CUDA(cudaFree(p));
+    return;
+  }
+  GRAPHSAFE_CUDA(cudaFreeAsync(p, s.cuda()));
+}
 
 CaptureInfo CudaBackend::capture_info(Stream s) const {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -95,9 +125,11 @@ void drop_event(std::mutex& m, std::unordered_map<cudaStream_t, cudaEvent_t>& ev
 }  // namespace
 
 GraphHandle CudaBackend::end_capture(Stream s) {
-  drop_event(capture_events_mutex_, pre_capture_events_, s.cuda());
   cudaGraph_t graph = nullptr;
-  GRAPHSAFE_CUDA(cudaStreamEndCapture(s.cuda(), &graph));
+  const cudaError_t end = cudaStreamEndCapture(s.cuda(), &graph);
+  // Dropped only once the stream no longer captures: order_after may need it until then.
+  drop_event(capture_events_mutex_, pre_capture_events_, s.cuda());
+  GRAPHSAFE_CUDA(end);
   cudaGraphExec_t exec = nullptr;
   const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
   if (err != cudaSuccess) {
@@ -108,9 +140,9 @@ GraphHandle CudaBackend::end_capture(Stream s) {
 }
 
 void CudaBackend::abort_capture(Stream s) noexcept {
-  drop_event(capture_events_mutex_, pre_capture_events_, s.cuda());
   cudaGraph_t graph = nullptr;
   if (cudaStreamEndCapture(s.cuda(), &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+  drop_event(capture_events_mutex_, pre_capture_events_, s.cuda());
   cudaGetLastError();  // the capture's own error was already reported to the caller
 }
 
@@ -125,15 +157,21 @@ void CudaBackend::destroy(GraphHandle& g) noexcept {
 }
 
 void CudaBackend::order_after(Stream waiter, Stream producer) {
-  if (capture_info(producer).active) {
-    // Everything released on `producer` was released before its capture began.
-    std::lock_guard g(capture_events_mutex_);
-    auto it = pre_capture_events_.find(producer.cuda());
-    if (it == pre_capture_events_.end())
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      // While `producer` captures through graphsafe its pre-capture event exists (inserted before
+      // cudaStreamBeginCapture, dropped after cudaStreamEndCapture): everything released on it was
+      // released before the capture began, and recording on it now would join the capture.
+      std::lock_guard g(capture_events_mutex_);
+      if (auto it = pre_capture_events_.find(producer.cuda()); it != pre_capture_events_.end()) {
+        GRAPHSAFE_CUDA(cudaStreamWaitEvent(waiter.cuda(), it->second, 0));
+        return;
+      }
+    }
+    if (!capture_info(producer).active) break;  // eager: record + wait below
+    if (attempt == 1)
       throw capture_state_error("graphsafe: memory last used on a stream that is capturing outside graphsafe; "
                                 "capture through graphsafe::capture so its earlier work can be ordered");
-    GRAPHSAFE_CUDA(cudaStreamWaitEvent(waiter.cuda(), it->second, 0));
-    return;
   }
   std::lock_guard g(order_mutex);
   GRAPHSAFE_CUDA(cudaEventRecord(order_event_, producer.cuda()));
