@@ -78,6 +78,14 @@ Workspace ArenaCore::make_workspace(Block* b, void* ptr, std::uint64_t bytes, st
   return w;
 }
 
+void* ArenaCore::new_slab(std::uint64_t bytes, Stream s) {
+  void* p = backend.allocate_slab(bytes, s);
+  // Debug mode registers the slab with the NVTX Memory API right after; compute-sanitizer only
+  // accepts the range once the stream-ordered allocation has happened.
+  if (opts.debug) [[unlikely]] backend.synchronize(s);
+  return p;
+}
+
 Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
   Block* b;
   {
@@ -95,7 +103,7 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
                                 " bytes (largest free " + std::to_string(fl.largest_free()) +
                                 ") and grow_on_demand is off; reserve more with arena.reserve(bytes, stream)");
     const std::uint64_t slab = align_up(std::max(bytes, opts.growth_bytes), 2ull << 20);
-    void* p = backend.allocate_slab(slab, s);  // throws out_of_memory_error naming the size
+    void* p = new_slab(slab, s);  // throws out_of_memory_error naming the size
     std::lock_guard g(lock);
     fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, s.handle());
     if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);
@@ -278,7 +286,7 @@ void ArenaCore::reserve(std::uint64_t bytes, Stream s) {
     if (fl.largest_free() >= bytes) return;
   }
   const std::uint64_t slab = align_up(std::max<std::uint64_t>(bytes, kAlignment), 2ull << 20);
-  void* p = backend.allocate_slab(slab, s);
+  void* p = new_slab(slab, s);
   std::lock_guard g(lock);
   fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, s.handle());
   if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);
@@ -329,7 +337,7 @@ void ArenaCore::begin_session(SessionState& st) {
   }
   if (nothing_free && opts.grow_on_demand) {
     const std::uint64_t slab = align_up(std::max(opts.growth_bytes, st.family->largest_plan), 2ull << 20);
-    void* p = backend.allocate_slab(slab, st.stream);
+    void* p = new_slab(slab, st.stream);
     std::lock_guard g(lock);
     fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, st.stream.handle());
     if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);

@@ -167,6 +167,7 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
 
  private:
   Block* take_eager(std::uint64_t bytes, Stream s, bool index = false);
+  void* new_slab(std::uint64_t bytes, Stream s);  // backend slab (synchronized in debug mode)
   std::uint64_t place_in_capture(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
                                  std::string_view name);
   Workspace make_workspace(Block* b, void* ptr, std::uint64_t bytes, std::int64_t count, Stream s, bool captured);
