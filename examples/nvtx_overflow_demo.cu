@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     GRAPHSAFE_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_lens), 2 * sizeof(int)));
     GRAPHSAFE_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_out), 2 * kOutW * sizeof(std::int64_t)));
     {
-      CudaBackend backend;
+      CudaBackend backend(CudaBackendOptions{.plain_allocations = true});  // NVTX heaps need cudaMalloc'd slabs
       ArenaOptions o;
       o.debug = true;         // NVTX registration, guard gaps, capture report
       o.canaries = canaries;  // off: leave the gap untouched for the sanitizer

@@ -292,11 +292,10 @@ void ArenaCore::reserve(std::uint64_t bytes, Stream s) {
   if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);
 }
 
-void ArenaCore::trim(Stream s) {
-  if (backend.capture_info(s).active)
-    throw capture_state_error("graphsafe: trim() on a capturing stream; trim outside capture");
+void ArenaCore::make_free_blocks_ready(Stream s) {
   // Free blocks may still be in use by work on the streams that released them: wait for each of
-  // those streams (and `s`) before treating them as ready and returning slabs.
+  // those streams (and `s`) so their blocks can coalesce across streams. Streams capturing right
+  // now cannot be waited for (illegal during capture); their blocks keep their stream.
   std::vector<void*> streams{s.handle()};
   {
     std::lock_guard g(lock);
@@ -306,11 +305,24 @@ void ArenaCore::trim(Stream s) {
         streams.push_back(b.stream);
     });
   }
-  for (void* st : streams) backend.synchronize(Stream(static_cast<cudaStream_t>(st)));
+  std::vector<void*> synced;
+  for (void* st : streams) {
+    const Stream x(static_cast<cudaStream_t>(st));
+    if (backend.capture_info(x).active) continue;
+    backend.synchronize(x);
+    synced.push_back(st);
+  }
+  std::lock_guard g(lock);
+  fl.mark_ready(synced);
+}
+
+void ArenaCore::trim(Stream s) {
+  if (backend.capture_info(s).active)
+    throw capture_state_error("graphsafe: trim() on a capturing stream; trim outside capture");
+  make_free_blocks_ready(s);
   std::vector<std::pair<std::uintptr_t, std::uint64_t>> slabs;
   {
     std::lock_guard g(lock);
-    fl.mark_all_ready();
     slabs = fl.remove_free_slabs();
   }
   for (auto [addr, size] : slabs) {
@@ -334,6 +346,13 @@ void ArenaCore::begin_session(SessionState& st) {
     // fragmentation left no free range that large, grow now rather than fail mid-capture.
     nothing_free = !st.family->region &&
                    (fl.free_blocks() == 0 || (st.family->largest_plan > 0 && fl.largest_free() < st.family->largest_plan));
+  }
+  if (nothing_free && st.family->largest_plan > 0) {
+    // Blocks released on different streams do not coalesce until those streams are waited for:
+    // do that first (capture setup, not a hot path) and grow only if the range is still missing.
+    make_free_blocks_ready(st.stream);
+    std::lock_guard g(lock);
+    nothing_free = fl.largest_free() < st.family->largest_plan;
   }
   if (nothing_free && opts.grow_on_demand) {
     const std::uint64_t slab = align_up(std::max(opts.growth_bytes, st.family->largest_plan), 2ull << 20);

@@ -151,6 +151,8 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   void release(Workspace& w) noexcept;
   void reserve(std::uint64_t bytes, Stream s);
   void trim(Stream s);
+  // Wait for the (non-capturing) streams that released free blocks, then coalesce across them.
+  void make_free_blocks_ready(Stream s);
 
   // Capture lifecycle (used by CaptureSession / CapturedGraph).
   void begin_session(SessionState& st);

@@ -34,6 +34,7 @@ CudaBackend::CudaBackend(CudaBackendOptions o) {
   std::uint64_t threshold = o.release_threshold;
   GRAPHSAFE_CUDA(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
   GRAPHSAFE_CUDA(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
+  plain_ = o.plain_allocations;
 }
 
 CudaBackend::~CudaBackend() {
@@ -67,6 +68,18 @@ class RelaxedMode {
 void* CudaBackend::allocate_slab(std::uint64_t bytes, Stream s) {
   RelaxedMode relaxed;
   void* p = nullptr;
+  if (plain_) {
+    // Ordered after the stream's earlier work like a pool allocation would be: cudaMalloc is
+    // synchronous, so only the later reuse needs the stream (the block keeps it as its stream).
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw out_of_memory_error("graphsafe: cudaMalloc could not provide a slab of " + std::to_string(bytes) +
+                                " bytes; reserve less or free graphs");
+    }
+    GRAPHSAFE_CUDA(e);
+    return p;
+  }
   const cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, pool_, s.cuda());
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();
@@ -79,6 +92,12 @@ void* CudaBackend::allocate_slab(std::uint64_t bytes, Stream s) {
 
 void CudaBackend::free_slab(void* p, std::uint64_t, Stream s) {
   RelaxedMode relaxed;
+  if (plain_) {
+    // Replays on `s` (any stream at teardown) may still use it.
+    GRAPHSAFE_CUDA(s.cuda() ? cudaStreamSynchronize(s.cuda()) : cudaDeviceSynchronize());
+    GRAPHSAFE_CUDA(cudaFree(p));
+    return;
+  }
   if (!s.cuda()) {
     // Arena teardown: replays may still run on non-blocking streams the legacy stream does not
     // order against. Wait for the device, then free.

@@ -1,5 +1,7 @@
 #include "free_list.hpp"
 
+#include <algorithm>
+
 #include <cassert>
 
 namespace graphsafe::detail {
@@ -193,22 +195,25 @@ Block* FreeList::find_used(std::uintptr_t addr) {
   return it == used_.end() ? nullptr : &*it;
 }
 
-void FreeList::mark_all_ready() {
+void FreeList::mark_ready(const std::vector<void*>& synchronized_streams) {
+  auto synced = [&](void* st) {
+    return !st || std::find(synchronized_streams.begin(), synchronized_streams.end(), st) != synchronized_streams.end();
+  };
   for (Slab& s : slabs_) {
-    for (auto it = s.blocks.begin(); it != s.blocks.end();) {
-      Block* b = &*it;
-      ++it;
-      if (b->state == BlockState::free) b->stream = nullptr;
-    }
-    // Now coalesce runs of free blocks.
+    for (Block& b : s.blocks)
+      if (b.state == BlockState::free && synced(b.stream)) b.stream = nullptr;
+    // Coalesce runs of free blocks (a block still tied to a stream merges only with ready ones or
+    // its own stream's, as in give_back).
     for (auto it = s.blocks.begin(); it != s.blocks.end(); ++it) {
       Block* b = &*it;
       if (b->state != BlockState::free) continue;
       Block* n;
-      while ((n = next_in_slab(b)) && n->state == BlockState::free) {
+      while ((n = next_in_slab(b)) && n->state == BlockState::free &&
+             (!n->stream || !b->stream || n->stream == b->stream)) {
         erase_free(b);
         erase_free(n);
         b->size += n->size;
+        if (!b->stream) b->stream = n->stream;
         s.blocks.erase(s.blocks.iterator_to(*n));
         delete_block(n);
         insert_free(b);

@@ -86,8 +86,9 @@ class FreeList {
   void unindex_used(Block* b) { used_.erase(used_.iterator_to(*b)); }
   Block* find_used(std::uintptr_t addr);
 
-  // Forget release streams (after a device-wide synchronize): lets every free block coalesce.
-  void mark_all_ready();
+  // Forget the release streams in `synchronized_streams` (the caller waited for them) and coalesce
+  // what that frees up.
+  void mark_ready(const std::vector<void*>& synchronized_streams);
   // Slabs whose single block is free; removes them and returns (addr, size) pairs.
   std::vector<std::pair<std::uintptr_t, std::uint64_t>> remove_free_slabs();
 

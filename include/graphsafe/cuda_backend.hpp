@@ -7,6 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -17,6 +19,10 @@ struct CudaBackendOptions {
   int device = -1;                     // -1: the current device
   std::uint64_t release_threshold = ~0ull;  // pool keeps freed slabs cached (cudaMemPoolAttrReleaseThreshold)
   std::uint64_t pool_max_bytes = 0;    // 0: no cap; else cudaMemPoolProps::maxSize (tests of OOM)
+  // Slabs from cudaMalloc instead of the stream-ordered pool. compute-sanitizer accepts NVTX heap
+  // registrations (debug mode's per-workspace regions) only on such allocations; the default
+  // follows GRAPHSAFE_DEBUG.
+  bool plain_allocations = std::getenv("GRAPHSAFE_DEBUG") && std::getenv("GRAPHSAFE_DEBUG")[0] == '1';
 };
 
 // Throws cuda_error naming the call and the CUDA error; used by every CUDA call in graphsafe.
@@ -51,6 +57,7 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   cudaMemPool_t pool_ = nullptr;
   cudaEvent_t order_event_ = nullptr;
+  bool plain_ = false;
   // Recorded on a stream just before its capture begins: work released on a stream that is now
   // capturing is ordered through this event (recording into the capture would join it).
   std::mutex capture_events_mutex_;
