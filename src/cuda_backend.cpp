@@ -16,7 +16,6 @@ void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
 }
 
 namespace {
-std::mutex order_mutex;  // one event is reused for record+wait pairs
 }
 
 CudaBackend::CudaBackend(CudaBackendOptions o) {
@@ -124,13 +123,20 @@ void CudaBackend::begin_capture(Stream s, CaptureMode mode) {
                                                                            : cudaStreamCaptureModeRelaxed;
   cudaEvent_t ev = nullptr;
   GRAPHSAFE_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  GRAPHSAFE_CUDA(cudaEventRecord(ev, s.cuda()));
-  {
-    std::lock_guard g(capture_events_mutex_);
-    if (auto it = pre_capture_events_.find(s.cuda()); it != pre_capture_events_.end()) cudaEventDestroy(it->second);
-    pre_capture_events_[s.cuda()] = ev;
+  // Under the mutex order_after holds while it records on a producer stream: a capture cannot
+  // begin between its "is it capturing?" check and its event record (which would join the capture).
+  std::lock_guard g(capture_events_mutex_);
+  if (const cudaError_t e = cudaEventRecord(ev, s.cuda()); e != cudaSuccess) {
+    cudaEventDestroy(ev);
+    GRAPHSAFE_CUDA(e);
   }
-  GRAPHSAFE_CUDA(cudaStreamBeginCapture(s.cuda(), m));
+  if (auto it = pre_capture_events_.find(s.cuda()); it != pre_capture_events_.end()) cudaEventDestroy(it->second);
+  pre_capture_events_[s.cuda()] = ev;
+  if (const cudaError_t e = cudaStreamBeginCapture(s.cuda(), m); e != cudaSuccess) {
+    cudaEventDestroy(ev);
+    pre_capture_events_.erase(s.cuda());
+    GRAPHSAFE_CUDA(e);
+  }
 }
 
 namespace {
@@ -176,23 +182,18 @@ void CudaBackend::destroy(GraphHandle& g) noexcept {
 }
 
 void CudaBackend::order_after(Stream waiter, Stream producer) {
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    {
-      // While `producer` captures through graphsafe its pre-capture event exists (inserted before
-      // cudaStreamBeginCapture, dropped after cudaStreamEndCapture): everything released on it was
-      // released before the capture began, and recording on it now would join the capture.
-      std::lock_guard g(capture_events_mutex_);
-      if (auto it = pre_capture_events_.find(producer.cuda()); it != pre_capture_events_.end()) {
-        GRAPHSAFE_CUDA(cudaStreamWaitEvent(waiter.cuda(), it->second, 0));
-        return;
-      }
-    }
-    if (!capture_info(producer).active) break;  // eager: record + wait below
-    if (attempt == 1)
-      throw capture_state_error("graphsafe: memory last used on a stream that is capturing outside graphsafe; "
-                                "capture through graphsafe::capture so its earlier work can be ordered");
+  // One critical section with begin_capture (which records the pre-capture event and begins the
+  // capture under this mutex), so `producer` cannot start capturing between the check and the
+  // record below -- recording on a capturing stream would fork `waiter` into that capture.
+  std::lock_guard g(capture_events_mutex_);
+  if (auto it = pre_capture_events_.find(producer.cuda()); it != pre_capture_events_.end()) {
+    // Capturing through graphsafe: what was released on it was released before the capture began.
+    GRAPHSAFE_CUDA(cudaStreamWaitEvent(waiter.cuda(), it->second, 0));
+    return;
   }
-  std::lock_guard g(order_mutex);
+  if (capture_info(producer).active)
+    throw capture_state_error("graphsafe: memory last used on a stream that is capturing outside graphsafe; "
+                              "capture through graphsafe::capture so its earlier work can be ordered");
   GRAPHSAFE_CUDA(cudaEventRecord(order_event_, producer.cuda()));
   GRAPHSAFE_CUDA(cudaStreamWaitEvent(waiter.cuda(), order_event_, 0));
 }
