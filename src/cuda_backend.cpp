@@ -15,9 +15,6 @@ void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
   throw cuda_error(msg, static_cast<int>(err));
 }
 
-namespace {
-}
-
 CudaBackend::CudaBackend(CudaBackendOptions o) {
   if (o.device < 0)
     GRAPHSAFE_CUDA(cudaGetDevice(&device_));
