@@ -45,6 +45,10 @@ class CapturedGraph;
 template <class Fn>
 CapturedGraph capture(Arena& arena, Stream s, const Bindings& b, Fn&& fn, CaptureOptions opts = {});
 
+// Destroying a graph never blocks: CUDA frees an in-flight executable graph when its launches
+// complete, and the graph's region returns to the arena ordered after the last replay's stream.
+// That stream must still exist when the region is reused on another stream (as with any
+// stream-ordered allocator): destroy graphs before the streams they were replayed on.
 class CapturedGraph {
  public:
   CapturedGraph(CapturedGraph&&) noexcept;
