@@ -717,6 +717,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) sparse_attention_wgmma_kernel(c
       const unsigned rank = cluster.block_rank();
       float4* park = reinterpret_cast<float4*>(smem);          // [16][512] float4 = 128 KB (Q + K area)
       float* ml = red;                                          // [64][2]
+      // A CTA whose split has no tiles never waited for its Q copy: drain every cp.async before Q / K
+      // become receive buffers for the other rank's pushes (compute-sanitizer racecheck found it).
+      cp_async_commit();  // (an uncommitted Q copy joins a group; an empty group is harmless)
+      cp_async_wait<0>();
       __syncthreads();                                          // everyone is done with red / Q / K
 #ifndef GRAPHSAFE_DS4_SERIAL_MERGE
       if (cluster.num_blocks() == 2) {
