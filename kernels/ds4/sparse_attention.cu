@@ -4,24 +4,21 @@
 // keeps the 64 heads' queries (64 x 512 bf16) in shared memory and streams the request's attended
 // rows in tiles of 64 rows (bf16 in shared memory), computing per tile
 //     S = Q K^T   (64 heads x 64 rows, k = 512)
-//     online softmax per head (base-2 exponentials; mma.sync: row max exchanged through shared memory)
+//     online softmax per head (row max exchanged through shared memory, base-2 exponentials)
 //     O += P V    (64 heads x 512 dims, k = 64 rows), V = K (all 512 dims)
 // bf16 operands, fp32 accumulation, bf16 P, fp32 (m, l) per head, bf16 output.
 //
 // Two tile engines with identical structure and numerics:
-//  * wgmma (default, sm_90a): warpgroup 0 computes all of S (64 heads x 64 rows) with 32 x wgmma
-//    m64n64k16 and the softmax (its warps own 16 heads x all rows: the row max is a quad shuffle);
-//    warpgroup g computes O[:, 128g..128g+127] with 4 x wgmma m64n128k16 (A and B from shared memory,
-//    no-swizzle canonical layout; the K tile is read K-major for S and MN-major for P V). setmaxnreg
-//    gives warpgroup 0 160 registers (S accumulators on top of its O slice), the others 112. HGMMA.
+//  * wgmma (default, sm_90a): warpgroup g computes S[:, 16g..16g+15] with 32 x wgmma m64n16k16 and
+//    O[:, 128g..128g+127] with 4 x wgmma m64n128k16 (A and B from shared memory, no-swizzle canonical
+//    layout; the K tile is read K-major for S and MN-major for P V). SASS: HGMMA.
 //  * mma.sync (GRAPHSAFE_DS4_ATTENTION=mma_sync): m16n8k16 + ldmatrix; warp w computes S for heads
 //    16*(w%4).., rows 16*(w/4).. and O for heads 32*(w/8).., dims 64*(w%8)... SASS: HMMA.
 //
 // Split-K (flash-decoding): the request's tiles are split evenly over `splits` CTAs so that a single
 // request still fills the GPU. With wgmma and 2 <= splits <= 8 the splits of one (request, head
 // group) form a thread-block cluster and rank 0 merges the partial (m, l, O) of the other ranks over
-// distributed shared memory (no scratch traffic, one kernel; with 2 ranks each rank finalizes half of
-// the output dims, the partial O slices pushed to the finalizing rank); otherwise (or with
+// distributed shared memory (no scratch traffic, one kernel); otherwise (or with
 // GRAPHSAFE_DS4_CLUSTER=0) partials go to the caller's scratch and a combine kernel merges them.
 // Both merges run in split order: results are deterministic run to run.
 //
@@ -33,13 +30,10 @@
 // they produce bitwise identical output (checked by the tests and the benchmark).
 //
 // Measured on one H200 (bench/ds4_attention_bench.cu, B=64, H=64, 43 layers, graph replay):
-// paged-direct C4 ~35.5 us/layer, C128 ~33, C1 ~16.8 (was 42.4 / 40.4 / 19.6 with S split over the
-// four warpgroups as m64n16 and rank 0 merging the splits alone) -- 4.4-6x the physical bound. Where
-// the rest goes (diagnostic builds, C4): the cluster merge + output epilogue ~6.5 us (C1: 16.7 ->
-// 10.2 us without it), tile loads exposed ~1.5 us per tile (29.4 us when the loads after the first
-// tile are skipped), dequantization ~0.8 us per tile; one CTA per SM (217 KB smem) with no overlap
-// of dequant, S, softmax and P V. Next: coalesced / bulk-copy epilogue, deeper load pipeline,
-// FlashMLA-style warp specialization.
+// C4 ~42 us/layer, C128 ~40, C1 ~20 for paged-direct -- 5-7x the physical bound, ~18x faster than
+// the PyTorch baseline. The tile loop is the limit (the L2-warm workspace variant is as slow): one
+// CTA per SM (217 KB smem), four block barriers per tile and no overlap of S, softmax, P V and
+// dequantization. Next steps: FlashMLA-style ping-pong warpgroups / 2-CTA K sharing.
 #include <graphsafe/ds4/kernels.hpp>
 
 #include "cuda_support.cuh"
@@ -51,7 +45,6 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
-#include <type_traits>
 
 namespace graphsafe::ds4::cuda {
 namespace {
@@ -393,12 +386,11 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
 // wgmma variant (default on sm_90a). Same CTA/tile structure and the same row order, numerics
 // (bf16 operands, fp32 accumulation, bf16 P, base-2 online softmax) and split/combine protocol as the
 // mma.sync kernel above, but the two products run on Hopper's warpgroup MMA from shared memory:
-//   4 warpgroups; warpgroup 0 computes S = Q K^T (all 64 rows) with 32 x wgmma m64n64k16
-//   (A = Q, B = K tile rows, both K-major), the softmax and (m, l), and publishes P and the per-head
-//   rescale factor; warpgroup g computes O[:, 128g..128g+127] += P V with 4 x wgmma m64n128k16
+//   4 warpgroups; warpgroup g computes S[:, 16g..16g+15] = Q K^T with 32 x wgmma m64n16k16
+//   (A = Q, B = K tile rows, both K-major) and O[:, 128g..128g+127] += P V with 4 x wgmma m64n128k16
 //   (A = P, B = the same K tile read MN-major). Q, K and P live in the no-swizzle canonical layout:
 //   8-row x 16-byte core matrices, element (r, k) at (r/8)*SBO + (k/8)*128 + (r%8)*16 + (k%8)*2.
-// Warp w of every warpgroup owns heads 16*(w%4).. in both products (the row max is a quad shuffle).
+// Each warp owns 16 heads in both products, so the running max / sum live in the same threads.
 constexpr int kWgThreads = 512;
 constexpr int kWgQBytes = kGroupHeads * kHeadDim * 2;  // 65536
 constexpr int kWgKBytes = kTileRows * kHeadDim * 2;    // 65536
@@ -406,12 +398,6 @@ constexpr int kWgPBytes = kGroupHeads * kTileRows * 2; // 8192
 constexpr int kWgRowSbo = (kHeadDim / 8) * 128;        // 8192: next 8 rows of Q / K
 constexpr int kWgPSbo = (kTileRows / 8) * 128;         // 1024: next 8 heads of P
 constexpr int kWgMiscBytes = (2 * kRowGroups + 2) * 64 * 4;
-#ifndef GRAPHSAFE_DS4_REGS_S
-#define GRAPHSAFE_DS4_REGS_S 160
-#endif
-constexpr int kWgRegsS = GRAPHSAFE_DS4_REGS_S;                  // warpgroup 0: S, softmax, O slice
-constexpr int kWgRegsPV = (65536 - 128 * kWgRegsS) / 384 / 8 * 8;  // warpgroups 1-3: O slice
-static_assert(kWgRegsPV >= 96, "PV warpgroups need O (64 fp32) + addressing");
 
 template <bool kPaged>
 __host__ __device__ constexpr int wg_smem_bytes() {
@@ -557,398 +543,243 @@ __global__ void __launch_bounds__(kWgThreads, 1) sparse_attention_wgmma_kernel(c
   const int qr = lane >> 2, qc = 2 * (lane & 3);
   const int hrow[2] = {16 * w4 + qr, 16 * w4 + qr + 8};
 
-  // Warpgroup 0 (S + softmax + its O slice) needs ~32 more registers than the others (S is
-  // 64 x 64 fp32 = 32 per thread on top of O): one role per branch of an if/else, setmaxnreg.
-  auto run = [&](auto s_role) {
-    constexpr bool kS = decltype(s_role)::value;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    float o[64];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[64];
 #pragma unroll
-    for (int e = 0; e < 64; ++e) o[e] = 0.f;
+  for (int e = 0; e < 64; ++e) o[e] = 0.f;
 
 
-    for (int t = t_begin; t < t_end; ++t) {
-      const int st = (t - t_begin) & 1;
-      cp_async_wait<0>();
-      fence_proxy_async();
-      __syncthreads();  // tile t (and Q) landed; every warp is done with tile t-1
-      if (t + 1 < t_end) {
-        issue_tile(t + 1, st ^ 1, slot_next);
-        cp_async_commit();
-        l2_prefetch(t + 2, slot_next2);
-        slot_next = slot_next2;
-        slot_next2 = fetch_slot(t + 3);
-      }
-      const std::uint8_t* Kt;
-      if constexpr (kPaged) {
-        const std::uint8_t* raw = Raw + st * kRawBytes;
-#pragma unroll
-        for (int item = tid; item < kTileRows * 36; item += kWgThreads) {
-          const int rest = item >> 3;
-          const int c = rest % 36;
-          const int r = (rest / 36) * 8 + (item & 7);
-          const uint4 w = *reinterpret_cast<const uint4*>(raw + r * kRawStride + c * 16);
-          if (c < 28) {
-            const float sc = ue8m0_to_float(raw[r * kRawStride + kTokenDataBytes + (c >> 2)]);
-            uint4 lo, hi;
-            dequant4(w.x, sc, lo.x, lo.y);
-            dequant4(w.y, sc, lo.z, lo.w);
-            dequant4(w.z, sc, hi.x, hi.y);
-            dequant4(w.w, sc, hi.z, hi.w);
-            *reinterpret_cast<uint4*>(Ks + blk16(r, 2 * c)) = lo;
-            *reinterpret_cast<uint4*>(Ks + blk16(r, 2 * c + 1)) = hi;
-          } else {
-            *reinterpret_cast<uint4*>(Ks + blk16(r, 56 + (c - 28))) = w;
-          }
-        }
-        fence_proxy_async();
-        __syncthreads();
-        Kt = Ks;
-      } else {
-        Kt = Ks + st * kWgKBytes;
-      }
-      const int* vt = vld + st * 64;
-
-      // ---- S = Q K^T (64 heads x 64 rows), warpgroup 0 only: 32 x wgmma m64n64k16 (N = 64 reads each
-      // Q chunk once per tile instead of once per warpgroup, and 4x fewer dependent wgmmas than
-      // N = 16). The row max is a quad shuffle (a warp owns 16 heads x all 64 rows), so there is no
-      // cross-warpgroup max exchange; warpgroup 0 keeps (m, l) and publishes alpha per head.
-      if constexpr (kS) {
-        float sacc[32];
-#pragma unroll
-        for (int e = 0; e < 32; ++e) sacc[e] = 0.f;
-        {
-          const std::uint64_t k_desc = launder(wgmma_desc(Kt, 128, kWgRowSbo));
-          const std::uint64_t q_desc = launder(wgmma_desc(Qs, 128, kWgRowSbo));
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < kHeadDim / 16; ++kk)
-            wgmma_m64n64k16(sacc, q_desc + kk * 16, k_desc + kk * 16, kk > 0 ? 1 : 0);
-          wgmma_commit();
-          wgmma_wait<0>();
-        }
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = n * 8 + qc + (e & 1);
-            const float sv = vt[col] ? sacc[4 * n + e] * p.scale_log2 : -INFINITY;
-            sacc[4 * n + e] = sv;
-            mx[e >> 1] = fmaxf(mx[e >> 1], sv);
-          }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
-          mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
-        }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int h = hrow[j];
-          const float mn = fmaxf(m[j], mx[j]);
-          const float mu = mn == -INFINITY ? 0.f : mn;
-          const float alpha = exp2f(m[j] - mu);
-          l[j] *= alpha;
-          m[j] = mn;
-          float sum = 0.f;
-#pragma unroll
-          for (int n = 0; n < 8; ++n) {
-            const float p0 = exp2f(sacc[4 * n + 2 * j] - mu), p1 = exp2f(sacc[4 * n + 2 * j + 1] - mu);
-            sum += p0 + p1;
-            *reinterpret_cast<std::uint32_t*>(Ps + (h >> 3) * kWgPSbo + n * 128 + (h & 7) * 16 + qc * 2) =
-                pack_bf16x2(p0, p1);
-          }
-          l[j] += sum;
-          if ((lane & 3) == 0) red[h] = alpha;
-        }
-        fence_proxy_async();
-      }
-      __syncthreads();  // P and alpha published
-      {
-        const float a0 = red[hrow[0]], a1 = red[hrow[1]];
-#pragma unroll
-        for (int n = 0; n < 16; ++n) {
-          o[4 * n + 0] *= a0;
-          o[4 * n + 1] *= a0;
-          o[4 * n + 2] *= a1;
-          o[4 * n + 3] *= a1;
-        }
-      }
-
-      // ---- O[:, 128g .. 128g+127] += P V
-      {
-        const std::uint64_t v_desc = launder(wgmma_desc(Kt + g * 16 * 128, kWgRowSbo, 128));
-        const std::uint64_t p_desc = launder(wgmma_desc(Ps, 128, kWgPSbo));
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < kTileRows / 16; ++ks)
-          wgmma_m64n128k16_tb(o, p_desc + ks * 16, v_desc + ks * ((2 * kWgRowSbo) >> 4));
-        wgmma_commit();
-        wgmma_wait<0>();
-      }
+  for (int t = t_begin; t < t_end; ++t) {
+    const int st = (t - t_begin) & 1;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // tile t (and Q) landed; every warp is done with tile t-1
+    if (t + 1 < t_end) {
+      issue_tile(t + 1, st ^ 1, slot_next);
+      cp_async_commit();
+      l2_prefetch(t + 2, slot_next2);
+      slot_next = slot_next2;
+      slot_next2 = fetch_slot(t + 3);
     }
-
-    if constexpr (kS) {  // warpgroup 0 owns (m, l): publish the row sums and maxima
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float lj = l[j];
-        lj += __shfl_xor_sync(0xffffffffu, lj, 1);
-        lj += __shfl_xor_sync(0xffffffffu, lj, 2);
-        if ((lane & 3) == 0) {
-          lsum[hrow[j]] = lj;
-          lsum[64 + hrow[j]] = m[j];
+    const std::uint8_t* Kt;
+    if constexpr (kPaged) {
+      const std::uint8_t* raw = Raw + st * kRawBytes;
+#pragma unroll 1
+      for (int item = tid; item < kTileRows * 36; item += kWgThreads) {
+        const int rest = item >> 3;
+        const int c = rest % 36;
+        const int r = (rest / 36) * 8 + (item & 7);
+        const uint4 w = *reinterpret_cast<const uint4*>(raw + r * kRawStride + c * 16);
+        if (c < 28) {
+          const float sc = ue8m0_to_float(raw[r * kRawStride + kTokenDataBytes + (c >> 2)]);
+          uint4 lo, hi;
+          dequant4(w.x, sc, lo.x, lo.y);
+          dequant4(w.y, sc, lo.z, lo.w);
+          dequant4(w.z, sc, hi.x, hi.y);
+          dequant4(w.w, sc, hi.z, hi.w);
+          *reinterpret_cast<uint4*>(Ks + blk16(r, 2 * c)) = lo;
+          *reinterpret_cast<uint4*>(Ks + blk16(r, 2 * c + 1)) = hi;
+        } else {
+          *reinterpret_cast<uint4*>(Ks + blk16(r, 56 + (c - 28))) = w;
         }
       }
+      fence_proxy_async();
+      __syncthreads();
+      Kt = Ks;
+    } else {
+      Kt = Ks + st * kWgKBytes;
+    }
+    const int* vt = vld + st * 64;
+
+    // ---- S[:, 16g .. 16g+15] = Q K^T
+    float sacc[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sacc[e] = 0.f;
+    {
+      const std::uint64_t k_desc = launder(wgmma_desc(Kt + g * 2 * kWgRowSbo, 128, kWgRowSbo));
+      const std::uint64_t q_desc = launder(wgmma_desc(Qs, 128, kWgRowSbo));
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk)
+        wgmma_m64n16k16(sacc, q_desc + kk * 16, k_desc + kk * 16, kk > 0 ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+    }
+    const int sr = g * 16;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = sr + n * 8 + qc + (e & 1);
+        const float sv = vt[col] ? sacc[4 * n + e] * p.scale_log2 : -INFINITY;
+        sacc[4 * n + e] = sv;
+        mx[e >> 1] = fmaxf(mx[e >> 1], sv);
+      }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
+      mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
+    }
+    if ((lane & 3) == 0) {
+      red[g * 64 + hrow[0]] = mx[0];
+      red[g * 64 + hrow[1]] = mx[1];
     }
     __syncthreads();
 
-    float lt[2];
+    float alpha[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      lt[j] = lsum[hrow[j]];
-      m[j] = lsum[64 + hrow[j]];
-    }
-
-    if (p.cluster) {
-      // Split-K merge inside the thread-block cluster (one cluster = the splits of one (request, head
-      // group)): ranks > 0 park (m, l, O) in their own shared memory, rank 0 reads them over DSMEM and
-      // merges in rank order -- the same arithmetic as combine_splits_kernel, no global scratch.
-      cg::cluster_group cluster = cg::this_cluster();
-      const unsigned rank = cluster.block_rank();
-      float4* park = reinterpret_cast<float4*>(smem);          // [16][512] float4 = 128 KB (Q + K area)
-      float* ml = red;                                          // [64][2]
-      // A CTA whose split has no tiles never waited for its Q copy: drain every cp.async before Q / K
-      // become receive buffers for the other rank's pushes (compute-sanitizer racecheck found it).
-      cp_async_commit();  // (an uncommitted Q copy joins a group; an empty group is harmless)
-      cp_async_wait<0>();
-      __syncthreads();                                          // everyone is done with red / Q / K
-#ifndef GRAPHSAFE_DS4_SERIAL_MERGE
-      if (cluster.num_blocks() == 2) {
-        // Two ranks: push instead of pull. Once both ranks are done with their tiles (Q / K / red
-        // become receive buffers), every thread stores its O slice into the shared memory of the rank
-        // that finalizes it (rank 0: O[:, 0..255], warpgroups 0-1; rank 1: O[:, 256..511]) and both
-        // (m, l) sets go to both ranks; after the second cluster barrier all reads are local and a
-        // rank exits when done. recv[src][16][256] float4 = 128 KB; ml[src][64][2]. Same arithmetic
-        // and rank order as below and as combine_splits_kernel.
-        const int owner = g >> 1;
-        cluster.sync();  // both ranks are done with Q / K / red
-        {
-          float4* dst = cluster.map_shared_rank(park, owner) + rank * (16 * 256) + (tid & 255);
+      const int h = hrow[j];
+      const float mn = fmaxf(m[j], fmaxf(fmaxf(red[h], red[64 + h]), fmaxf(red[128 + h], red[192 + h])));
+      const float mu = mn == -INFINITY ? 0.f : mn;
+      alpha[j] = exp2f(m[j] - mu);
+      l[j] *= alpha[j];
+      m[j] = mn;
+      float sum = 0.f;
 #pragma unroll
-          for (int e = 0; e < 16; ++e) dst[e * 256] = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
-          if (g == 0 && (lane & 3) == 0) {
-#pragma unroll
-            for (int d = 0; d < 2; ++d) {
-              float* rml = cluster.map_shared_rank(ml, d) + rank * 128;
-#pragma unroll
-              for (int j = 0; j < 2; ++j) { rml[hrow[j] * 2] = m[j]; rml[hrow[j] * 2 + 1] = lt[j]; }
-            }
-          }
-        }
-        cluster.sync();  // all pushes landed
-        if (static_cast<int>(rank) != owner) return;
-        float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.f, 0.f};
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-            if (ml[r * 128 + hrow[j] * 2 + 1] > 0.f) M[j] = fmaxf(M[j], ml[r * 128 + hrow[j] * 2]);
-#pragma unroll
-        for (int e = 0; e < 64; ++e) o[e] = 0.f;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float4* src = park + r * (16 * 256) + (tid & 255);
-          float w[2];
-          bool use[2];
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const float l = ml[r * 128 + hrow[j] * 2 + 1];
-            use[j] = l > 0.f;
-            w[j] = use[j] ? exp2f(ml[r * 128 + hrow[j] * 2] - M[j]) : 0.f;
-            if (r == 0) L[j] = use[j] ? l * w[j] : 0.f;  // 0 + l*w, as the combine kernel
-            else if (use[j]) L[j] += l * w[j];
-          }
-#pragma unroll
-          for (int e = 0; e < 16; ++e) {
-            const float4 v = src[e * 256];
-            if (use[0]) {
-              o[4 * e] = r == 0 ? v.x * w[0] : o[4 * e] + v.x * w[0];
-              o[4 * e + 1] = r == 0 ? v.y * w[0] : o[4 * e + 1] + v.y * w[0];
-            }
-            if (use[1]) {
-              o[4 * e + 2] = r == 0 ? v.z * w[1] : o[4 * e + 2] + v.z * w[1];
-              o[4 * e + 3] = r == 0 ? v.w * w[1] : o[4 * e + 3] + v.w * w[1];
-            }
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int h = hrow[j];
-          float inv = 0.f;
-          if (L[j] > 0.f) inv = 1.f / (L[j] + (p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - M[j]) : 0.f));
-          std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + g * 128 + qc;
-#pragma unroll
-          for (int n = 0; n < 16; ++n)
-            *reinterpret_cast<std::uint32_t*>(orow + n * 8) = pack_bf16x2(o[4 * n + 2 * j] * inv, o[4 * n + 2 * j + 1] * inv);
-        }
-        return;
+      for (int n = 0; n < 2; ++n) {
+        const float p0 = exp2f(sacc[4 * n + 2 * j] - mu), p1 = exp2f(sacc[4 * n + 2 * j + 1] - mu);
+        sum += p0 + p1;
+        const int r = sr + n * 8 + qc;  // even
+        *reinterpret_cast<std::uint32_t*>(Ps + (h >> 3) * kWgPSbo + (r >> 3) * 128 + (h & 7) * 16 + (r & 7) * 2) =
+            pack_bf16x2(p0, p1);
       }
-      // Rank 0 finalizes O[:, 0..255] (warpgroups 0, 1) and rank 1 O[:, 256..511] (warpgroups 2, 3),
-      // so the DSMEM reads and the output writes are split over two SMs. Every rank publishes (m, l)
-      // and parks all of O; the finalizing thread merges the ranks' parked slices in rank order with
-      // the same arithmetic as combine_splits_kernel.
-      const int nr = static_cast<int>(cluster.num_blocks());
-      const int owner = g >> 1;  // the rank that finalizes this thread's O slice
+      l[j] += sum;
+    }
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      o[4 * n + 0] *= alpha[0];
+      o[4 * n + 1] *= alpha[0];
+      o[4 * n + 2] *= alpha[1];
+      o[4 * n + 3] *= alpha[1];
+    }
+    fence_proxy_async();
+    __syncthreads();
+
+    // ---- O[:, 128g .. 128g+127] += P V
+    {
+      const std::uint64_t v_desc = launder(wgmma_desc(Kt + g * 16 * 128, kWgRowSbo, 128));
+      const std::uint64_t p_desc = launder(wgmma_desc(Ps, 128, kWgPSbo));
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kTileRows / 16; ++ks)
+        wgmma_m64n128k16_tb(o, p_desc + ks * 16, v_desc + ks * ((2 * kWgRowSbo) >> 4));
+      wgmma_commit();
+      wgmma_wait<0>();
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    float lj = l[j];
+    lj += __shfl_xor_sync(0xffffffffu, lj, 1);
+    lj += __shfl_xor_sync(0xffffffffu, lj, 2);
+    if ((lane & 3) == 0) lsum[g * 64 + hrow[j]] = lj;
+  }
+  __syncthreads();
+
+  float lt[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int h = hrow[j];
+    lt[j] = (lsum[h] + lsum[64 + h]) + (lsum[128 + h] + lsum[192 + h]);
+  }
+
+  if (p.cluster) {
+    // Split-K merge inside the thread-block cluster (one cluster = the splits of one (request, head
+    // group)): ranks > 0 park (m, l, O) in their own shared memory, rank 0 reads them over DSMEM and
+    // merges in rank order -- the same arithmetic as combine_splits_kernel, no global scratch.
+    cg::cluster_group cluster = cg::this_cluster();
+    const unsigned rank = cluster.block_rank();
+    float4* park = reinterpret_cast<float4*>(smem);          // [16][512] float4 = 128 KB (Q + K area)
+    float* ml = red;                                          // [64][2]
+    __syncthreads();                                          // everyone is done with red / Q / K
+    if (rank != 0) {
 #pragma unroll
       for (int e = 0; e < 16; ++e) park[e * kWgThreads + tid] = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
       if (g == 0 && (lane & 3) == 0) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) { ml[hrow[j] * 2] = m[j]; ml[hrow[j] * 2 + 1] = lt[j]; }
       }
-      cluster.sync();
-      if (static_cast<int>(rank) == owner) {
-        float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.f, 0.f};
-        for (int r = 0; r < nr; ++r) {
-          const float* rml = cluster.map_shared_rank(ml, r);
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-            if (rml[hrow[j] * 2 + 1] > 0.f) M[j] = fmaxf(M[j], rml[hrow[j] * 2]);
-        }
-#pragma unroll
-        for (int e = 0; e < 64; ++e) o[e] = 0.f;
-        for (int r = 0; r < nr; ++r) {
-          const float* rml = cluster.map_shared_rank(ml, r);
-          const float4* rpark = cluster.map_shared_rank(park, r);
-          float w[2];
-          bool use[2];
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const float l = rml[hrow[j] * 2 + 1];
-            use[j] = l > 0.f;
-            w[j] = use[j] ? exp2f(rml[hrow[j] * 2] - M[j]) : 0.f;
-            if (r == 0) L[j] = use[j] ? l * w[j] : 0.f;  // 0 + l*w, as the combine kernel
-            else if (use[j]) L[j] += l * w[j];
-          }
-          const bool first = r == 0;  // rank 0's term: o = l > 0 ? o0 * w0 : 0
-#pragma unroll
-          for (int e = 0; e < 16; ++e) {
-            const float4 v = rpark[e * kWgThreads + tid];
-            if (use[0]) {
-              o[4 * e] = first ? v.x * w[0] : o[4 * e] + v.x * w[0];
-              o[4 * e + 1] = first ? v.y * w[0] : o[4 * e + 1] + v.y * w[0];
-            }
-            if (use[1]) {
-              o[4 * e + 2] = first ? v.z * w[1] : o[4 * e + 2] + v.z * w[1];
-              o[4 * e + 3] = first ? v.w * w[1] : o[4 * e + 3] + v.w * w[1];
-            }
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int h = hrow[j];
-          float inv = 0.f;
-          if (L[j] > 0.f) inv = 1.f / (L[j] + (p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - M[j]) : 0.f));
-          std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + g * 128 + qc;
-#pragma unroll
-          for (int n = 0; n < 16; ++n)
-            *reinterpret_cast<std::uint32_t*>(orow + n * 8) = pack_bf16x2(o[4 * n + 2 * j] * inv, o[4 * n + 2 * j + 1] * inv);
-        }
-      }
-#else
-      if (rank != 0) {
-#pragma unroll
-        for (int e = 0; e < 16; ++e) park[e * kWgThreads + tid] = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
-        if (g == 0 && (lane & 3) == 0) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) { ml[hrow[j] * 2] = m[j]; ml[hrow[j] * 2 + 1] = lt[j]; }
-        }
-      }
-      cluster.sync();
-      if (rank == 0) {
-        const int nr = static_cast<int>(cluster.num_blocks());
-        float M[2], L[2] = {0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < 2; ++j) M[j] = lt[j] > 0.f ? m[j] : -INFINITY;
-        for (int r = 1; r < nr; ++r) {
-          const float* rml = cluster.map_shared_rank(ml, r);
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-            if (rml[hrow[j] * 2 + 1] > 0.f) M[j] = fmaxf(M[j], rml[hrow[j] * 2]);
-        }
-        float w0[2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          w0[j] = lt[j] > 0.f ? exp2f(m[j] - M[j]) : 0.f;
-          L[j] = lt[j] > 0.f ? lt[j] * w0[j] : 0.f;  // 0 + l*w, as the combine kernel
-        }
-#pragma unroll
-        for (int e = 0; e < 64; ++e) o[e] = lt[(e >> 1) & 1] > 0.f ? o[e] * w0[(e >> 1) & 1] : 0.f;
-        for (int r = 1; r < nr; ++r) {
-          const float* rml = cluster.map_shared_rank(ml, r);
-          const float4* rpark = cluster.map_shared_rank(park, r);
-          float w[2];
-          bool use[2];
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const float l = rml[hrow[j] * 2 + 1];
-            use[j] = l > 0.f;
-            w[j] = use[j] ? exp2f(rml[hrow[j] * 2] - M[j]) : 0.f;
-            if (use[j]) L[j] += l * w[j];
-          }
-#pragma unroll
-          for (int e = 0; e < 16; ++e) {
-            const float4 v = rpark[e * kWgThreads + tid];
-            if (use[0]) { o[4 * e] += v.x * w[0]; o[4 * e + 1] += v.y * w[0]; }
-            if (use[1]) { o[4 * e + 2] += v.z * w[1]; o[4 * e + 3] += v.w * w[1]; }
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int h = hrow[j];
-          float inv = 0.f;
-          if (L[j] > 0.f) inv = 1.f / (L[j] + (p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - M[j]) : 0.f));
-          std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + g * 128 + qc;
-#pragma unroll
-          for (int n = 0; n < 16; ++n)
-            *reinterpret_cast<std::uint32_t*>(orow + n * 8) = pack_bf16x2(o[4 * n + 2 * j] * inv, o[4 * n + 2 * j + 1] * inv);
-        }
-      }
-#endif
-      cluster.sync();  // keep every rank's shared memory alive until rank 0 has read it
-      return;
     }
-
+    cluster.sync();
+    if (rank == 0) {
+      const int nr = static_cast<int>(cluster.num_blocks());
+      float M[2], L[2] = {0.f, 0.f};
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int h = hrow[j];
-      if (p.splits == 1) {
-        float inv = 0.f;
-        if (lt[j] > 0.f) {
-          const float sterm = p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - m[j]) : 0.f;
-          inv = 1.f / (lt[j] + sterm);
+      for (int j = 0; j < 2; ++j) M[j] = lt[j] > 0.f ? m[j] : -INFINITY;
+      for (int r = 1; r < nr; ++r) {
+        const float* rml = cluster.map_shared_rank(ml, r);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          if (rml[hrow[j] * 2 + 1] > 0.f) M[j] = fmaxf(M[j], rml[hrow[j] * 2]);
+      }
+      float w0[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        w0[j] = lt[j] > 0.f ? exp2f(m[j] - M[j]) : 0.f;
+        L[j] = lt[j] > 0.f ? lt[j] * w0[j] : 0.f;  // 0 + l*w, as the combine kernel
+      }
+#pragma unroll
+      for (int e = 0; e < 64; ++e) o[e] = lt[(e >> 1) & 1] > 0.f ? o[e] * w0[(e >> 1) & 1] : 0.f;
+      for (int r = 1; r < nr; ++r) {
+        const float* rml = cluster.map_shared_rank(ml, r);
+        const float4* rpark = cluster.map_shared_rank(park, r);
+        float w[2];
+        bool use[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float l = rml[hrow[j] * 2 + 1];
+          use[j] = l > 0.f;
+          w[j] = use[j] ? exp2f(rml[hrow[j] * 2] - M[j]) : 0.f;
+          if (use[j]) L[j] += l * w[j];
         }
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+          const float4 v = rpark[e * kWgThreads + tid];
+          if (use[0]) { o[4 * e] += v.x * w[0]; o[4 * e + 1] += v.y * w[0]; }
+          if (use[1]) { o[4 * e + 2] += v.z * w[1]; o[4 * e + 3] += v.w * w[1]; }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int h = hrow[j];
+        float inv = 0.f;
+        if (L[j] > 0.f) inv = 1.f / (L[j] + (p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - M[j]) : 0.f));
         std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + g * 128 + qc;
 #pragma unroll
         for (int n = 0; n < 16; ++n)
           *reinterpret_cast<std::uint32_t*>(orow + n * 8) = pack_bf16x2(o[4 * n + 2 * j] * inv, o[4 * n + 2 * j + 1] * inv);
-      } else {
-        float* orow = p.part_o + (part + h) * kHeadDim + g * 128 + qc;
-#pragma unroll
-        for (int n = 0; n < 16; ++n)
-          *reinterpret_cast<float2*>(orow + n * 8) = make_float2(o[4 * n + 2 * j], o[4 * n + 2 * j + 1]);
-        if (g == 0 && (lane & 3) == 0) {
-          p.part_ml[(part + h) * 2 + 0] = m[j];
-          p.part_ml[(part + h) * 2 + 1] = lt[j];
-        }
       }
     }
-  };
-  if (g == 0) {
-    setmaxnreg_inc<kWgRegsS>();
-    run(std::true_type{});
-  } else {
-    setmaxnreg_dec<kWgRegsPV>();
-    run(std::false_type{});
+    cluster.sync();  // keep every rank's shared memory alive until rank 0 has read it
+    return;
+  }
+
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int h = hrow[j];
+    if (p.splits == 1) {
+      float inv = 0.f;
+      if (lt[j] > 0.f) {
+        const float sterm = p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - m[j]) : 0.f;
+        inv = 1.f / (lt[j] + sterm);
+      }
+      std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + g * 128 + qc;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+        *reinterpret_cast<std::uint32_t*>(orow + n * 8) = pack_bf16x2(o[4 * n + 2 * j] * inv, o[4 * n + 2 * j + 1] * inv);
+    } else {
+      float* orow = p.part_o + (part + h) * kHeadDim + g * 128 + qc;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+        *reinterpret_cast<float2*>(orow + n * 8) = make_float2(o[4 * n + 2 * j], o[4 * n + 2 * j + 1]);
+      if (g == 0 && (lane & 3) == 0) {
+        p.part_ml[(part + h) * 2 + 0] = m[j];
+        p.part_ml[(part + h) * 2 + 1] = lt[j];
+      }
+    }
   }
 }
 
