@@ -14,6 +14,8 @@
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/reference.hpp>
 
+#include "ds4_test_support.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -24,43 +26,11 @@ using namespace graphsafe::ds4;
 namespace {
 
 constexpr int kMaxLen = 512;
-
-LayerConfig tiny(int ratio) {
-  LayerConfig c;
-  c.ratio = ratio;
-  c.window = 4;        // SPEC 7.3 / the upstream regression: W = 4
-  c.topk = 8;          // K (C4)
-  c.heads = 64;        // FlashMLA-style head count
-  c.max_model_len = kMaxLen;
-  c.swa_block_tokens = 16;
-  return c;
-}
-
-struct Device {
-  cudaStream_t s{};
-  Device() { GRAPHSAFE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~Device() { cudaStreamDestroy(s); }
-};
-
-std::vector<std::uint16_t> download(const std::uint16_t* d, std::size_t n, cudaStream_t s) {
-  std::vector<std::uint16_t> h(n);
-  GRAPHSAFE_CUDA(cudaMemcpyAsync(h.data(), d, n * 2, cudaMemcpyDeviceToHost, s));
-  GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
-  return h;
-}
-
-// ||gpu - ref|| / ||ref|| over the whole output (bf16 operands: expect ~1e-3..1e-2).
-double rel_error(const std::vector<std::uint16_t>& gpu, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    const double g = ref::bf16_to_float(gpu[i]);
-    num += (g - ref[i]) * (g - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
-constexpr double kTolerance = 2e-2;  // bf16 MMA operands + bf16 output vs the fp32 reference
+using test::Device;
+using test::download;
+using test::kTolerance;
+using test::rel_error;
+LayerConfig tiny(int ratio) { return test::tiny_layer(ratio, kMaxLen); }
 
 }  // namespace
 

@@ -14,6 +14,8 @@
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/reference.hpp>
 
+#include "ds4_test_support.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -25,41 +27,11 @@ using namespace graphsafe::ds4;
 
 namespace {
 
-LayerConfig config(int ratio, int max_len) {
-  LayerConfig c;
-  c.ratio = ratio;
-  c.window = 4;
-  c.topk = 8;
-  c.heads = 64;
-  c.max_model_len = max_len;
-  c.swa_block_tokens = 16;
-  return c;
-}
-
-struct Device {
-  cudaStream_t s{};
-  Device() { GRAPHSAFE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~Device() { cudaStreamDestroy(s); }
-};
-
-std::vector<std::uint16_t> download(const std::uint16_t* d, std::size_t n, cudaStream_t s) {
-  std::vector<std::uint16_t> h(n);
-  GRAPHSAFE_CUDA(cudaMemcpyAsync(h.data(), d, n * 2, cudaMemcpyDeviceToHost, s));
-  GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
-  return h;
-}
-
-double rel_error(const std::vector<std::uint16_t>& gpu, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    const double g = ref::bf16_to_float(gpu[i]);
-    num += (g - ref[i]) * (g - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
-constexpr double kTolerance = 2e-2;
+LayerConfig config(int ratio, int max_len) { return test::tiny_layer(ratio, max_len); }
+using test::Device;
+using test::download;
+using test::kTolerance;
+using test::rel_error;
 
 std::uint64_t used_bytes() {
   std::size_t free_b = 0, total = 0;
