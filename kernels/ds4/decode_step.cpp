@@ -33,6 +33,13 @@ const SizingPolicy& swa_rows_policy(Sizing sizing, const StaticQueryBound& swa_b
 }
 
 namespace {
+// Split-K scratch of the attention kernel: a static size (batch, heads, splits), shared by both paths.
+Workspace attention_scratch(Arena& arena, Stream s, const LayerConfig& cfg, int batch, std::int64_t splits,
+                            const Bindings& b) {
+  const auto bytes = cuda::sparse_attention_scratch_bytes(batch, cfg.heads, static_cast<int>(splits));
+  return arena.request(s, "ds4.attention_scratch", static_cast<std::int64_t>(bytes), 1, capacity_bound, b);
+}
+
 std::int64_t splits_for(const LayerConfig& cfg, int batch) {
   const int rows = cfg.combined_width();
   return cuda::choose_splits(batch, cfg.heads, rows, cuda::device_sm_count());
@@ -71,10 +78,7 @@ StepSizes GatherDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindin
                                  }));
   auto idx = arena_.request(s, "ds4.combined_indices", Extent(syms_.requests) * width, 4, capacity_bound, b);
   auto lens = arena_.request(s, "ds4.combined_lens", Extent(syms_.requests), 4, capacity_bound, b);
-  auto scratch = arena_.request(s, "ds4.attention_scratch",
-                                static_cast<std::int64_t>(cuda::sparse_attention_scratch_bytes(R, cfg_.heads,
-                                                                                                 static_cast<int>(splits))),
-                                1, capacity_bound, b);
+  auto scratch = attention_scratch(arena_, s, cfg_, R, splits, b);
   z.workspace_bytes = kv.bytes() + idx.bytes() + lens.bytes() + scratch.bytes();
 
   cuda::GatherIndexArgs ia;
@@ -136,10 +140,7 @@ StepSizes PagedDecode::run(Stream s, const cuda::DeviceProblem& d, const Binding
   auto cmp_lens = arena_.request(s, "ds4.paged.cmp_lens", Rx, 4, capacity_bound, b);
   auto swa_idx = arena_.request(s, "ds4.paged.swa_idx", Rx * Extent(syms_.window), 4, capacity_bound, b);
   auto swa_lens = arena_.request(s, "ds4.paged.swa_lens", Rx, 4, capacity_bound, b);
-  auto scratch = arena_.request(s, "ds4.attention_scratch",
-                                static_cast<std::int64_t>(cuda::sparse_attention_scratch_bytes(R, cfg_.heads,
-                                                                                                 static_cast<int>(splits))),
-                                1, capacity_bound, b);
+  auto scratch = attention_scratch(arena_, s, cfg_, R, splits, b);
   StepSizes z;
   z.workspace_bytes = cmp_idx.bytes() + cmp_lens.bytes() + swa_idx.bytes() + swa_lens.bytes() + scratch.bytes();
 
