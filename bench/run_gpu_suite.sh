@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite in one go, from the repository root on a machine with an NVIDIA GPU (H200):
 #   configure + build (Release, sm_90a, Ninja, -j16), ctest (CPU tests in parallel, GPU tests one at
-#   a time), compute-sanitizer memcheck + racecheck on every GPU test executable, then every
+#   a time), compute-sanitizer memcheck, racecheck, initcheck and synccheck on every GPU test executable, then every
 #   benchmark in build/bench with --json. Logs and JSON go to $OUT. It keeps going past failures and
 #   exits non-zero if any step failed. Needs: $OUT, .deps/catch2_*.deb, CUDA toolkit, Boost headers.
 #
@@ -10,7 +10,8 @@
 # Knobs (environment): BUILD_DIR (build), JOBS (16), SANITIZER_TIMEOUT (s per run, 110),
 # BENCH_TIMEOUT (s per benchmark, 180), GRAPHSAFE_TEST_CYCLES under the sanitizers (100),
 # STAGES (words among: build ctest sanitize bench; default all of them), SANITIZE_FILTER (regex on
-# test executable names, default all).
+# test executable names, default all), SANITIZE_TOOLS (memcheck racecheck initcheck synccheck),
+# SANITIZE_JOBS (sanitizer processes at once, 4).
 set -u
 set -o pipefail
 
@@ -24,6 +25,8 @@ SAN_CYCLES=${SAN_CYCLES:-100}
 T0=$(date +%s)
 STAGES=${STAGES:-build ctest sanitize bench}
 SANITIZE_FILTER=${SANITIZE_FILTER:-.}
+SANITIZE_TOOLS=${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
+SANITIZE_JOBS=${SANITIZE_JOBS:-4}
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 declare -a SUMMARY=()
@@ -112,24 +115,38 @@ elif [ -z "$SANITIZER" ]; then
 elif [ ${#GPU_TESTS[@]} -eq 0 ]; then
   record FAIL "no GPU test executables under $BUILD_DIR/tests/gpu"
 else
-  for exe in "${GPU_TESTS[@]}"; do
+  # One job per (tool, test); SANITIZE_JOBS of them at once (separate processes share the GPU fine).
+  san_one() {  # san_one <tool> <exe>: runs one sanitizer job, prints "<status>\t<what>"
+    local tool=$1 exe=$2 name log rc
     name=$(basename "$exe")
-    [[ "$name" =~ $SANITIZE_FILTER ]] || continue
-    for tool in memcheck racecheck; do
-      banner "compute-sanitizer --tool $tool $name"
-      log="$OUT/$name.$tool.log"
-      GRAPHSAFE_TEST_CYCLES=$SAN_CYCLES timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
-        "$exe" >"$log" 2>&1
-      rc=$?
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|HAZARD|test cases|All tests passed|FAILED" "$log" | tail -n 6
-      case $rc in
-        0) record ok "$tool $name" ;;
-        124) record FAIL "$tool $name: timed out after ${SANITIZER_TIMEOUT}s ($log)" ;;
-        99) record FAIL "$tool $name: sanitizer reported errors ($log)" ;;
-        *) record FAIL "$tool $name: exit $rc ($log)" ;;
-      esac
+    log="$OUT/$name.$tool.log"
+    GRAPHSAFE_TEST_CYCLES=$SAN_CYCLES timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+      "$exe" >"$log" 2>&1
+    rc=$?
+    local counts
+    counts=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases|All tests passed" "$log" | tr '\n' ' ' | tr -s ' ')
+    case $rc in
+      0) printf 'ok\t%s %s: %s\n' "$tool" "$name" "$counts" ;;
+      124) printf 'FAIL\t%s %s: timed out after %ss (%s)\n' "$tool" "$name" "$SANITIZER_TIMEOUT" "$log" ;;
+      99) printf 'FAIL\t%s %s: sanitizer reported errors: %s (%s)\n' "$tool" "$name" "$counts" "$log" ;;
+      *) printf 'FAIL\t%s %s: exit %s: %s (%s)\n' "$tool" "$name" "$rc" "$counts" "$log" ;;
+    esac
+  }
+  export -f san_one
+  export OUT SAN_CYCLES SANITIZER_TIMEOUT SANITIZER
+  banner "compute-sanitizer ($SANITIZE_TOOLS) on ${#GPU_TESTS[@]} GPU tests, $SANITIZE_JOBS at a time"
+  JOBLIST=()
+  for tool in $SANITIZE_TOOLS; do
+    for exe in "${GPU_TESTS[@]}"; do
+      name=$(basename "$exe")
+      [[ "$name" =~ $SANITIZE_FILTER ]] || continue
+      JOBLIST+=("$tool $exe")
     done
   done
+  while IFS=$'\t' read -r st what; do
+    echo "$st $what"
+    record "$st" "$what"
+  done < <(printf '%s\n' "${JOBLIST[@]}" | xargs -P "$SANITIZE_JOBS" -L 1 bash -c 'san_one "$0" "$1"')
 fi
 
 # ---- benchmarks ----------------------------------------------------------------------------------------
