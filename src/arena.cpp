@@ -121,7 +121,8 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
 std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
                                           std::string_view name) {
   std::lock_guard g(lock);
-  const std::uint64_t offset = align_up(st.bump, std::max<std::uint64_t>(alignment, kAlignment));
+  std::uint64_t offset = align_up(st.bump, std::max<std::uint64_t>(alignment, kAlignment));
+  if (st.virt) [[unlikely]] offset = virtual_align(st, offset, bytes);  // granule boundaries (virtual_commit.hpp)
   if (offset + bytes > st.limit)
     throw out_of_memory_error("graphsafe: capture of family '" + st.family->name + "' needs " +
                               std::to_string(offset + bytes) + " bytes for request '" + std::string(name) +

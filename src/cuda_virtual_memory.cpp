@@ -137,7 +137,12 @@ int resolve_device(int d) {
 
 }  // namespace
 
-std::uint64_t CudaVirtualMemory::query_granularity(int device) {
+std::uint64_t CudaVirtualMemory::minimum_granularity(int device) { return query_granularity(resolve_device(device)); }
+std::uint64_t CudaVirtualMemory::recommended_granularity(int device) {
+  return query_granularity(resolve_device(device), true);
+}
+
+std::uint64_t CudaVirtualMemory::query_granularity(int device, bool recommended) {
   // Initialize the runtime's primary context for the device (driver calls below need the driver
   // initialized; cudaFree(0) does both).
   int prev = 0;
@@ -154,7 +159,8 @@ std::uint64_t CudaVirtualMemory::query_granularity(int device) {
                 "ordinary arena: leave ArenaOptions::virtual_memory empty)");
   const CUmemAllocationProp prop = chunk_prop(device);
   size_t g = 0;
-  GRAPHSAFE_CU(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  GRAPHSAFE_CU(cuMemGetAllocationGranularity(
+      &g, &prop, recommended ? CU_MEM_ALLOC_GRANULARITY_RECOMMENDED : CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   if (prev != device) GRAPHSAFE_CUDA(cudaSetDevice(prev));
   if (g == 0) throw error("graphsafe: cuMemGetAllocationGranularity returned 0");
   return g;

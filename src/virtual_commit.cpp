@@ -312,13 +312,16 @@ bool VirtualPlan::mark_needed(const Bindings& b, std::vector<bool>& keep) const 
   return true;
 }
 
-void VirtualPlan::need_of(const Bindings& b, std::uint64_t& exact, std::uint64_t& granules) const {
+void VirtualPlan::need_of(const Bindings& b, std::uint64_t& exact, std::uint64_t& granules,
+                          std::uint64_t& ranges) const {
   exact = 0;
+  ranges = 0;
   std::vector<std::uint64_t> gs;
   const std::uint64_t G = fam->granule;
   auto add = [&](std::uint64_t off, std::uint64_t len) {
     if (len == 0) return;
     exact += len;
+    ++ranges;
     for (std::uint64_t g = off / G; g <= (off + len - 1) / G; ++g) gs.push_back(g);
   };
   for (const VirtualItem& it : items) {
@@ -434,6 +437,18 @@ void virtual_end_session(ArenaCore& core, SessionState& st, bool success) {
   p.epoch = 0;  // thresholds are computed by the first replay, for its bindings
   vf.plans.push_back(&p);
   p.registered = true;
+}
+
+std::uint64_t virtual_align(SessionState& st, std::uint64_t offset, std::uint64_t bytes) {
+  VirtualPlan& p = *st.virt;
+  const std::uint64_t G = p.fam->granule;
+  const std::uint64_t in = offset % G;
+  const std::uint64_t at = in == 0 || in + bytes <= G ? offset : offset - in + G;
+  // Alignment padding (to 256 bytes or to the granule) is nobody's: not a gap to map -- mapping it
+  // would map the last granule of the workspace before it, whatever that one's need. (Bytes placed
+  // by someone the virtual hooks did not see would still be gaps: placed_to < bump.)
+  if (p.placed_to >= st.bump) p.placed_to = std::max(p.placed_to, at);
+  return at;
 }
 
 namespace {
@@ -607,7 +622,7 @@ VirtualGraphStats CapturedGraph::virtual_stats(const Bindings* b) const {
   st.fast_commits = p.fast;
   st.slow_commits = p.slow;
   st.grow_events = p.grew;
-  if (b) p.need_of(*b, st.exact_need_bytes, st.granule_need_bytes);
+  if (b) p.need_of(*b, st.exact_need_bytes, st.granule_need_bytes, st.touched_ranges);
   return st;
 }
 

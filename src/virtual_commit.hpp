@@ -102,8 +102,8 @@ struct VirtualPlan {
   void commit_slow(const Bindings& b, bool full);
   // Mark the granules `b` needs (for shrink); false when `b` does not fit this graph.
   bool mark_needed(const Bindings& b, std::vector<bool>& keep) const;
-  // Exact bytes and touched granules under `b` (stats).
-  void need_of(const Bindings& b, std::uint64_t& exact, std::uint64_t& granules) const;
+  // Exact bytes, touched granules and separately addressed ranges under `b` (stats).
+  void need_of(const Bindings& b, std::uint64_t& exact, std::uint64_t& granules, std::uint64_t& ranges) const;
 };
 
 // The replay path (after the guards): nothing grew -> a compare per request, per gate.
@@ -133,6 +133,13 @@ struct VirtualRegistry {
 };
 
 // Hooks from the arena (called only when ArenaOptions::virtual_memory is set).
+// Where a captured block of `bytes` placed at (256-aligned) `offset` goes in virtual mode: at the
+// next granule boundary when it would otherwise start inside a granule and cross into the next one
+// (every workspace of a granule or more starts on a boundary, a smaller one never straddles two).
+// So a workspace whose need is a prefix maps ceil(need / granule) granules: less than its need plus
+// one granule (docs/virtual_growth.md, "The target"). The padding is address space only: it is
+// never mapped. Called from ArenaCore::place_in_capture under the arena's lock.
+std::uint64_t virtual_align(SessionState& st, std::uint64_t offset, std::uint64_t bytes);
 void virtual_begin_session(ArenaCore& core, SessionState& st);
 void virtual_end_session(ArenaCore& core, SessionState& st, bool success);
 void virtual_place(SessionState& st, std::uint64_t offset, std::uint64_t bytes, std::uint64_t extra,

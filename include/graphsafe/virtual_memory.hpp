@@ -137,6 +137,11 @@ class CudaVirtualMemory final : public VirtualMemory {
   ~CudaVirtualMemory() override;
   std::string_view name() const override { return "cuda"; }
   int device() const { return device_; }
+  // cuMemGetAllocationGranularity for this class's chunks (pinned device memory) on `device` (-1:
+  // the current one): the minimum, which chunks use, and the recommended one. 2 MiB and 2 MiB on
+  // an H200: nothing finer can be mapped.
+  static std::uint64_t minimum_granularity(int device = -1);
+  static std::uint64_t recommended_granularity(int device = -1);
 
  protected:
   std::uintptr_t do_reserve(std::uint64_t bytes) override;
@@ -148,7 +153,7 @@ class CudaVirtualMemory final : public VirtualMemory {
   bool do_unmap(std::uintptr_t va) noexcept override;
 
  private:
-  static std::uint64_t query_granularity(int device);
+  static std::uint64_t query_granularity(int device, bool recommended = false);
   CudaVirtualMemoryOptions opts_;
   int device_ = 0;
   void* ctx_ = nullptr;  // the device's primary context (retained)
@@ -170,6 +175,10 @@ struct VirtualGraphStats {
   // granules (the least any mapping at this granularity can commit, for this graph alone).
   std::uint64_t exact_need_bytes = 0;
   std::uint64_t granule_need_bytes = 0;
+  // Only with bindings: separately addressed ranges the need is made of (one per workspace whose
+  // need is a prefix, one per non-empty per-request range). Each costs at most one partly used
+  // granule beyond its bytes (docs/virtual_growth.md, "The target").
+  std::uint64_t touched_ranges = 0;
 };
 
 }  // namespace graphsafe
