@@ -109,7 +109,7 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
     if (opts.debug) {
       opts.always_check_capture = true;
       guard_bytes = opts.canary_bytes;
-      nvtx_on = opts.nvtx && backend.name() == "cuda";
+      nvtx_on = opts.nvtx && backend.nvtx_heaps_supported();
     }
   }
   ~ArenaCore();

@@ -65,7 +65,9 @@ struct ArenaOptions {
   // debug::check_canaries is called). 1 names the exact replay that wrote past a workspace.
   std::uint32_t canary_check_every = 1;
   // Debug mode, CUDA backend: register slabs (as heaps) and workspaces (as named regions) with the
-  // NVTX Memory API so compute-sanitizer memcheck sees workspace bounds inside a slab.
+  // NVTX Memory API so compute-sanitizer memcheck sees workspace bounds inside a slab. Needs slabs
+  // the sanitizer sees as allocations (CudaBackendOptions::plain_allocations, or GRAPHSAFE_DEBUG=1);
+  // over the stream-ordered pool nothing is registered (the sanitizer rejects such heaps).
   bool nvtx = true;
   // Virtual growth (docs/virtual_growth.md). When set, each capture family gets an address range of
   // virtual_reserve_bytes (halved down to 1 GiB if that cannot be reserved); captured requests are

@@ -30,6 +30,10 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // Whether slabs are allocations a tool can see as such (compute-sanitizer accepts NVTX Memory API
+  // heaps only on cudaMalloc'd memory, not on stream-ordered pool memory). Debug mode registers
+  // NVTX heaps and regions only when this is true, so no registration call is made that fails.
+  virtual bool nvtx_heaps_supported() const { return false; }
 
   // Device memory for the arena's slabs, stream-ordered. Throw out_of_memory_error on failure.
   virtual void* allocate_slab(std::uint64_t bytes, Stream s) = 0;

@@ -37,6 +37,7 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   std::string_view name() const override { return "cuda"; }
+  bool nvtx_heaps_supported() const override { return plain_; }
   void* allocate_slab(std::uint64_t bytes, Stream s) override;
   void free_slab(void* p, std::uint64_t bytes, Stream s) override;
   CaptureInfo capture_info(Stream s) const override;
