@@ -18,17 +18,14 @@ std::string site_of(const std::source_location& loc) {
   return f + ":" + std::to_string(loc.line()) + " (" + fn + ")";
 }
 
-std::uint64_t checked_bytes(std::int64_t count, std::uint64_t element_bytes, std::string_view name) {
+void bad_byte_count(std::int64_t count, std::uint64_t element_bytes, std::string_view name) {
   if (count < 0)
     throw invalid_argument_error("graphsafe: request '" + std::string(name) + "' sized to " + std::to_string(count) +
                                  " elements; counts must be >= 0");
   if (element_bytes == 0)
     throw invalid_argument_error("graphsafe: request '" + std::string(name) + "' has element size 0; pass sizeof(T)");
-  std::uint64_t bytes;
-  if (__builtin_mul_overflow(static_cast<std::uint64_t>(count), element_bytes, &bytes) || bytes > (1ull << 62))
-    throw overflow_error("graphsafe: request '" + std::string(name) + "' needs " + std::to_string(count) + " x " +
-                         std::to_string(element_bytes) + " bytes, which overflows 64-bit byte counts; check the extent");
-  return bytes;
+  throw overflow_error("graphsafe: request '" + std::string(name) + "' needs " + std::to_string(count) + " x " +
+                       std::to_string(element_bytes) + " bytes, which overflows 64-bit byte counts; check the extent");
 }
 
 ArenaCore::~ArenaCore() {
@@ -47,8 +44,7 @@ ArenaCore::~ArenaCore() {
   }
 }
 
-SessionState* ArenaCore::session_for(Stream s) {
-  if (active_sessions.load(std::memory_order_acquire) == 0 && !opts.always_check_capture) return nullptr;
+SessionState* ArenaCore::session_for_query(Stream s) {
   const CaptureInfo ci = backend.capture_info(s);
   if (!ci.active) {
     if (ci.invalidated)
@@ -65,19 +61,6 @@ SessionState* ArenaCore::session_for(Stream s) {
                             "the request is sized by its policy, recorded in the plan and kept alive for the graph");
 }
 
-Workspace ArenaCore::make_workspace(Block* b, void* ptr, std::uint64_t bytes, std::int64_t count, Stream s,
-                                    bool captured) {
-  Workspace w;
-  w.core_ = this;
-  w.block_ = b;
-  w.ptr_ = ptr;
-  w.bytes_ = bytes;
-  w.count_ = count;
-  w.stream_ = s.handle();
-  w.captured_ = captured;
-  return w;
-}
-
 void* ArenaCore::new_slab(std::uint64_t bytes, Stream s) {
   void* p = backend.allocate_slab(bytes, s);
   // Debug mode registers the slab with the NVTX Memory API right after; compute-sanitizer only
@@ -90,8 +73,12 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
   Block* b;
   {
     std::lock_guard g(lock);
-    b = fl.take_best_fit(bytes);
+    // A block of this size released on this stream (the serving loop's steady state), else best fit.
+    b = fl.take_cached(bytes, s.handle(), index);
     if (b) {
+      eager_bytes += b->size;
+      ++eager_blocks;
+    } else if ((b = fl.take_best_fit(bytes))) {
       eager_bytes += b->size;
       ++eager_blocks;
       if (index) fl.index_used(b);  // raw pointers are returned by address: one lock for both
@@ -170,10 +157,17 @@ Workspace ArenaCore::request(Stream s, std::string_view name, const Extent& need
     if (opts.debug) [[unlikely]] debug_eager_taken(blk->addr, bytes, name, loc, s, false);
     return make_workspace(blk, reinterpret_cast<void*>(blk->addr), bytes, d.count, s, false);
   }
+  return request_captured(*st, s, name, need, element_bytes, policy, b, loc, touched, d, bytes);
+}
+
+Workspace ArenaCore::request_captured(SessionState& st, Stream s, std::string_view name, const Extent& need,
+                                      std::uint64_t element_bytes, const SizingPolicy& policy, const Bindings& b,
+                                      const std::source_location& loc, const Footprint* touched,
+                                      const SizingDecision& d, std::uint64_t bytes) {
   // Debug mode: a guard region follows the workspace (guard_bytes is 0 otherwise).
-  const std::uint64_t offset = place_in_capture(*st, bytes + guard_bytes, kAlignment, name);
+  const std::uint64_t offset = place_in_capture(st, bytes + guard_bytes, kAlignment, name);
   // Virtual growth: map the capture-time footprint (and the guard region) behind the range.
-  if (st->virt) [[unlikely]] virtual_place(*st, offset, bytes, guard_bytes, element_bytes, need, touched, b, name);
+  if (st.virt) [[unlikely]] virtual_place(st, offset, bytes, guard_bytes, element_bytes, need, touched, b, name);
   PlanEntry e;
   e.kind = PlanEntry::Kind::workspace;
   e.name = std::string(name);
@@ -183,8 +177,8 @@ Workspace ArenaCore::request(Stream s, std::string_view name, const Extent& need
   e.bytes = bytes;
   e.offset = offset;
   e.site = site_of(loc);
-  record(*st, std::move(e), d, &need, b);
-  return make_workspace(nullptr, reinterpret_cast<void*>(st->base + offset), bytes, d.count, s, true);
+  record(st, std::move(e), d, &need, b);
+  return make_workspace(nullptr, reinterpret_cast<void*>(st.base + offset), bytes, d.count, s, true);
 }
 
 std::int64_t ArenaCore::dimension(Stream s, std::string_view name, const Extent& need, const SizingPolicy& policy,
@@ -210,28 +204,31 @@ void* ArenaCore::allocate(Stream s, std::uint64_t bytes, std::uint64_t alignment
                                  "cudaMalloc does) -- over-allocate and align inside the block for more");
   if (bytes > (1ull << 62))
     throw overflow_error("graphsafe: allocate(" + std::to_string(bytes) + " bytes) is larger than any device; check the size");
-  SessionState* st = session_for(s);
-  if (st) {
-    const std::uint64_t offset =
-        place_in_capture(*st, std::max<std::uint64_t>(bytes, 1) + guard_bytes, alignment, "<opaque>");
-    if (st->virt) [[unlikely]] virtual_place_bytes(*st, offset, std::max<std::uint64_t>(bytes, 1) + guard_bytes, "<opaque>");
-    PlanEntry e;
-    e.kind = PlanEntry::Kind::opaque;
-    e.name = "<opaque " + std::to_string(bytes) + " B>";
-    e.policy = "opaque";
-    e.reserved = static_cast<std::int64_t>(bytes);
-    e.bytes = bytes;
-    e.offset = offset;
-    e.replay_safe = true;  // nothing to check: no extent says what it depends on
-    e.note = "size_t request: graphsafe cannot tell what this size depends on";
-    e.site = site_of(loc);
-    if (opts.debug) [[unlikely]] debug_captured_request(*st, e);
-    st->plan.add(std::move(e));
-    return reinterpret_cast<void*>(st->base + offset);
-  }
+  if (SessionState* st = session_for(s)) [[unlikely]]
+    return allocate_captured(*st, bytes, alignment, loc);
   Block* blk = take_eager(align_up(std::max<std::uint64_t>(bytes, 1) + guard_bytes, kAlignment), s, true);
   if (opts.debug) [[unlikely]] debug_eager_taken(blk->addr, bytes, "<opaque " + std::to_string(bytes) + " B>", loc, s, true);
   return reinterpret_cast<void*>(blk->addr);
+}
+
+void* ArenaCore::allocate_captured(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
+                                   const std::source_location& loc) {
+  const std::uint64_t offset =
+      place_in_capture(st, std::max<std::uint64_t>(bytes, 1) + guard_bytes, alignment, "<opaque>");
+  if (st.virt) [[unlikely]] virtual_place_bytes(st, offset, std::max<std::uint64_t>(bytes, 1) + guard_bytes, "<opaque>");
+  PlanEntry e;
+  e.kind = PlanEntry::Kind::opaque;
+  e.name = "<opaque " + std::to_string(bytes) + " B>";
+  e.policy = "opaque";
+  e.reserved = static_cast<std::int64_t>(bytes);
+  e.bytes = bytes;
+  e.offset = offset;
+  e.replay_safe = true;  // nothing to check: no extent says what it depends on
+  e.note = "size_t request: graphsafe cannot tell what this size depends on";
+  e.site = site_of(loc);
+  if (opts.debug) [[unlikely]] debug_captured_request(st, e);
+  st.plan.add(std::move(e));
+  return reinterpret_cast<void*>(st.base + offset);
 }
 
 void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
@@ -257,10 +254,9 @@ void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
     throw invalid_argument_error("graphsafe: deallocate of " + std::to_string(bytes) + " bytes but the block at " +
                                  std::to_string(addr) + " holds " + std::to_string(b->size) +
                                  "; pass the size given to allocate()");
-  fl.unindex_used(b);
   eager_bytes -= b->size;
   --eager_blocks;
-  fl.give_back(b, s.handle());
+  fl.release_eager(b, s.handle());  // leaves the used tree unless it is cached
 }
 
 void ArenaCore::release(Workspace& w) noexcept {
@@ -270,7 +266,7 @@ void ArenaCore::release(Workspace& w) noexcept {
   std::lock_guard g(lock);
   eager_bytes -= b->size;
   --eager_blocks;
-  fl.give_back(b, w.stream_);
+  fl.release_eager(b, w.stream_);
 }
 
 void ArenaCore::reserve(std::uint64_t bytes, Stream s) {
@@ -284,6 +280,7 @@ void ArenaCore::reserve(std::uint64_t bytes, Stream s) {
                               "would not be part of the graph)");
   {
     std::lock_guard g(lock);
+    fl.flush_cache();
     if (fl.largest_free() >= bytes) return;
   }
   const std::uint64_t slab = align_up(std::max<std::uint64_t>(bytes, kAlignment), 2ull << 20);
@@ -300,6 +297,7 @@ void ArenaCore::make_free_blocks_ready(Stream s) {
   std::vector<void*> streams{s.handle()};
   {
     std::lock_guard g(lock);
+    fl.flush_cache();  // cached blocks are free blocks with a release stream too
     fl.for_each_block([&](const Slab&, const Block& b) {
       if (b.state == BlockState::free && b.stream &&
           std::find(streams.begin(), streams.end(), b.stream) == streams.end())
@@ -339,6 +337,7 @@ void ArenaCore::begin_session(SessionState& st) {
   bool nothing_free;
   {
     std::lock_guard g(lock);
+    fl.flush_cache();  // the capture wants coalesced ranges (the largest block, the block after a region)
     // Refuse a second capture of the family before growing: a refused call changes nothing.
     if (st.family->capturing)
       throw capture_state_error("graphsafe: family '" + st.family->name +
@@ -447,8 +446,8 @@ void ArenaCore::graph_destroyed(Family& f, void* stream) noexcept {
 
 // ---- Workspace ---------------------------------------------------------------------------------
 
-void Workspace::reset() noexcept {
-  if (core_) core_->release(*this);
+void Workspace::release_and_clear() noexcept {
+  core_->release(*this);
   core_ = nullptr;
   block_ = ptr_ = stream_ = nullptr;
   bytes_ = 0;
@@ -493,6 +492,8 @@ void Arena::trim(Stream s) { core_->trim(s); }
 
 ArenaStats Arena::stats() const {
   std::lock_guard g(core_->lock);
+  // Report the coalesced state: cached blocks (released, not yet coalesced) are free memory.
+  core_->fl.flush_cache();
   ArenaStats st;
   st.slab_bytes = core_->fl.slab_bytes();
   st.slabs = core_->fl.slabs();

@@ -39,7 +39,17 @@ class SpinLock {
 
 std::string site_of(const std::source_location& loc);
 inline std::uint64_t align_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
-std::uint64_t checked_bytes(std::int64_t count, std::uint64_t element_bytes, std::string_view name);
+// count * element_bytes, refusing negative counts, element size 0 and byte counts above 2^62 (the
+// check is inline: it runs on every request; the throwing part is not).
+[[noreturn]] void bad_byte_count(std::int64_t count, std::uint64_t element_bytes, std::string_view name);
+inline std::uint64_t checked_bytes(std::int64_t count, std::uint64_t element_bytes, std::string_view name) {
+  std::uint64_t bytes;
+  if (count < 0 || element_bytes == 0 ||
+      __builtin_mul_overflow(static_cast<std::uint64_t>(count), element_bytes, &bytes) || bytes > (1ull << 62))
+      [[unlikely]]
+    bad_byte_count(count, element_bytes, name);
+  return bytes;
+}
 
 struct Family {
   std::string name;
@@ -138,8 +148,13 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   std::map<std::uintptr_t, std::pair<std::uint64_t, void*>> nvtx_heaps;  // slab -> (size, heap), under lock
 
   // The session capturing on `s`, nullptr when `s` is not capturing. Throws capture_state_error
-  // for a stream captured outside graphsafe.
-  SessionState* session_for(Stream s);
+  // for a stream captured outside graphsafe. With no graphsafe capture under way (and
+  // always_check_capture off) it is one load and asks the backend nothing.
+  SessionState* session_for(Stream s) {
+    if (active_sessions.load(std::memory_order_acquire) == 0 && !opts.always_check_capture) [[likely]]
+      return nullptr;
+    return session_for_query(s);
+  }
 
   Workspace request(Stream s, std::string_view name, const Extent& need, std::uint64_t element_bytes,
                     const SizingPolicy& policy, const Bindings& b, const std::source_location& loc,
@@ -172,7 +187,25 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   void* new_slab(std::uint64_t bytes, Stream s);  // backend slab (synchronized in debug mode)
   std::uint64_t place_in_capture(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
                                  std::string_view name);
-  Workspace make_workspace(Block* b, void* ptr, std::uint64_t bytes, std::int64_t count, Stream s, bool captured);
+  SessionState* session_for_query(Stream s);
+  // The capture paths of request / allocate, out of line so the eager paths stay small.
+  [[gnu::noinline]] Workspace request_captured(SessionState& st, Stream s, std::string_view name, const Extent& need,
+                                               std::uint64_t element_bytes, const SizingPolicy& policy,
+                                               const Bindings& b, const std::source_location& loc,
+                                               const Footprint* touched, const SizingDecision& d, std::uint64_t bytes);
+  [[gnu::noinline]] void* allocate_captured(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
+                                            const std::source_location& loc);
+  Workspace make_workspace(Block* b, void* ptr, std::uint64_t bytes, std::int64_t count, Stream s, bool captured) {
+    Workspace w;
+    w.core_ = this;
+    w.block_ = b;
+    w.ptr_ = ptr;
+    w.bytes_ = bytes;
+    w.count_ = count;
+    w.stream_ = s.handle();
+    w.captured_ = captured;
+    return w;
+  }
   void record(SessionState& st, PlanEntry e, const SizingDecision& d, const Extent* need, const Bindings& b);
 };
 

@@ -26,6 +26,7 @@ Block* FreeList::new_block() {
   spare_ = b->next_spare;
   b->next_spare = nullptr;
   b->state = BlockState::free;
+  b->indexed = false;
   b->stream = nullptr;
   return b;
 }
@@ -68,7 +69,13 @@ Block* FreeList::take_best_fit(std::uint64_t bytes) {
   key.size = bytes;
   key.addr = 0;
   auto it = free_.lower_bound(key);
-  if (it == free_.end()) return nullptr;
+  if (it == free_.end()) {
+    // Cached blocks may coalesce into a range that fits: never fail (or grow) because of the cache.
+    if (!cached_blocks_) return nullptr;
+    flush_cache_slow();
+    it = free_.lower_bound(key);
+    if (it == free_.end()) return nullptr;
+  }
   Block* b = &*it;
   if (b->size == bytes) {
     erase_free(b);
@@ -96,6 +103,7 @@ Block* FreeList::take_best_fit(std::uint64_t bytes) {
 }
 
 Block* FreeList::take_largest() {
+  flush_cache();
   if (free_.empty()) return nullptr;
   Block* b = &*free_.rbegin();
   erase_free(b);
@@ -188,14 +196,57 @@ void FreeList::give_back(Block* b, void* stream) {
   }
 }
 
+void FreeList::release_eager(Block* b, void* stream) {
+  assert(b->state == BlockState::used);
+  // At most half of the slab bytes wait in the cache, so most of the arena stays coalesced.
+  if (cached_blocks_ < kMaxCachedBlocks && cached_bytes_ + b->size <= slab_bytes_ / 2) {
+    for (std::size_t i = bin_of(b->size);; i = (i + 1) & (kCacheSlots - 1)) {
+      CacheBin& bin = bins_[i];
+      if (bin.size == 0) {
+        if (cache_sizes_ >= kMaxCacheSizes) break;
+        bin.size = b->size;
+        ++cache_sizes_;
+      } else if (bin.size != b->size) {
+        continue;
+      }
+      b->stream = stream;
+      b->state = BlockState::cached;
+      b->next_spare = bin.head;
+      bin.head = b;
+      ++cached_blocks_;
+      cached_bytes_ += b->size;
+      return;
+    }
+  }
+  if (b->indexed) unindex_used(b);
+  give_back(b, stream);
+}
+
+void FreeList::flush_cache_slow() {
+  for (CacheBin& bin : bins_) {
+    while (Block* b = bin.head) {
+      bin.head = b->next_spare;
+      b->next_spare = nullptr;
+      b->state = BlockState::used;
+      if (b->indexed) unindex_used(b);
+      give_back(b, b->stream);
+    }
+    bin.size = 0;
+  }
+  cache_sizes_ = 0;
+  cached_blocks_ = 0;
+  cached_bytes_ = 0;
+}
+
 Block* FreeList::find_used(std::uintptr_t addr) {
   Block key;
   key.addr = addr;
   auto it = used_.find(key);
-  return it == used_.end() ? nullptr : &*it;
+  return it == used_.end() || it->state != BlockState::used ? nullptr : &*it;
 }
 
 void FreeList::mark_ready(const std::vector<void*>& synchronized_streams) {
+  flush_cache();
   auto synced = [&](void* st) {
     return !st || std::find(synchronized_streams.begin(), synchronized_streams.end(), st) != synchronized_streams.end();
   };
@@ -223,6 +274,7 @@ void FreeList::mark_ready(const std::vector<void*>& synchronized_streams) {
 }
 
 std::vector<std::pair<std::uintptr_t, std::uint64_t>> FreeList::remove_free_slabs() {
+  flush_cache();
   std::vector<std::pair<std::uintptr_t, std::uint64_t>> out;
   for (auto it = slabs_.begin(); it != slabs_.end();) {
     if (it->blocks.size() == 1 && it->blocks.front().state == BlockState::free) {
@@ -250,11 +302,46 @@ std::string FreeList::validate() const {
     sum += b.size;
     ++count;
   }
-  std::uint64_t listed = 0;
+  std::uint64_t listed = 0, listed_cached = 0, listed_indexed = 0;
   for (const Slab& s : slabs_)
-    for (const Block& b : s.blocks) listed += b.state == BlockState::free;
+    for (const Block& b : s.blocks) {
+      listed += b.state == BlockState::free;
+      listed_cached += b.state == BlockState::cached;
+      listed_indexed += b.indexed;
+    }
+  for (const Block& b : used_)
+    if (!b.indexed || (b.state != BlockState::used && b.state != BlockState::cached))
+      return "used tree holds a block that is neither used nor cached at " + std::to_string(b.addr);
+  if (listed_indexed != used_.size())
+    return "used tree has " + std::to_string(used_.size()) + " blocks, slabs list " + std::to_string(listed_indexed) +
+           " indexed ones";
   if (listed != count) return "free tree has " + std::to_string(count) + " blocks, slabs list " + std::to_string(listed);
   if (sum != free_bytes_) return "free bytes " + std::to_string(free_bytes_) + " != sum " + std::to_string(sum);
+  std::uint64_t cached = 0, cached_sum = 0, sizes = 0;
+  for (std::size_t i = 0; i < kCacheSlots; ++i) {
+    const CacheBin& bin = bins_[i];
+    if (bin.size == 0) {
+      if (bin.head) return "unclaimed cache bin holds blocks";
+      continue;
+    }
+    ++sizes;
+    // Open addressing: every slot from the size's home to here is claimed (bins are never unclaimed
+    // one by one).
+    for (std::size_t j = bin_of(bin.size); j != i; j = (j + 1) & (kCacheSlots - 1))
+      if (bins_[j].size == 0 || bins_[j].size == bin.size) return "cache bin of size " + std::to_string(bin.size) + " misplaced";
+    for (const Block* b = bin.head; b; b = b->next_spare) {
+      if (b->state != BlockState::cached || b->size != bin.size)
+        return "cache bin of size " + std::to_string(bin.size) + " holds a block of " + std::to_string(b->size) +
+               " that is not cached at " + std::to_string(b->addr);
+      ++cached;
+      cached_sum += b->size;
+    }
+  }
+  if (sizes != cache_sizes_) return "cache claims " + std::to_string(cache_sizes_) + " sizes, bins hold " + std::to_string(sizes);
+  if (cached != cached_blocks_ || listed_cached != cached)
+    return "cache counts " + std::to_string(cached_blocks_) + " blocks, bins hold " + std::to_string(cached) +
+           ", slabs list " + std::to_string(listed_cached);
+  if (cached_sum != cached_bytes_) return "cached bytes " + std::to_string(cached_bytes_) + " != sum " + std::to_string(cached_sum);
   return {};
 }
 

@@ -43,11 +43,15 @@ class Workspace {
   bool captured() const noexcept { return captured_; }
   explicit operator bool() const noexcept { return core_ != nullptr; }
 
-  // Give the memory back now (stream-ordered). No-op for captured workspaces.
-  void reset() noexcept;
+  // Give the memory back now (stream-ordered). No-op for captured workspaces and empty handles
+  // (inline, so a handle that was already reset or moved from costs one branch when it dies).
+  void reset() noexcept {
+    if (core_) release_and_clear();
+  }
 
  private:
   friend class detail::ArenaCore;
+  void release_and_clear() noexcept;
   detail::ArenaCore* core_ = nullptr;
   void* block_ = nullptr;
   void* ptr_ = nullptr;

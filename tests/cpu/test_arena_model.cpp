@@ -871,3 +871,118 @@ TEST_CASE("arena: out of memory from a capped backend, the arena keeps serving w
                     Contains("grow_on_demand is off") && Contains("arena.reserve"));
   CHECK_THROWS_WITH(capture(fixed, s, Bindings(), [](const Bindings&) {}), Contains("holds no free memory"));
 }
+
+namespace {
+// Host backend that counts the cross-stream orderings the arena asks for.
+class CountingBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "host"; }
+  void* allocate_slab(std::uint64_t bytes, Stream s) override { return host.allocate_slab(bytes, s); }
+  void free_slab(void* p, std::uint64_t bytes, Stream s) override { host.free_slab(p, bytes, s); }
+  CaptureInfo capture_info(Stream s) const override { return host.capture_info(s); }
+  void begin_capture(Stream s, CaptureMode m) override { host.begin_capture(s, m); }
+  GraphHandle end_capture(Stream s) override { return host.end_capture(s); }
+  void abort_capture(Stream s) noexcept override { host.abort_capture(s); }
+  void launch(const GraphHandle& g, Stream s) override { host.launch(g, s); }
+  void destroy(GraphHandle& g) noexcept override { host.destroy(g); }
+  void order_after(Stream, Stream) override { ++orderings; }
+  void synchronize(Stream) override {}
+  HostBackend host;
+  int orderings = 0;
+};
+}  // namespace
+
+TEST_CASE("arena: a released block is re-served by size and stream, without ordering or tree work",
+          "[arena][cache]") {
+  CountingBackend backend;
+  Arena arena(backend, ArenaOptions{.report_findings = false});
+  HostStream s1, s2;
+  arena.reserve(8 * kMiB, s1);
+  const Bindings none;
+  void* first;
+  {
+    auto a = arena.request(s1, "a", 3000, 1, capacity_bound, none);
+    auto b = arena.request(s1, "b", 5000, 1, capacity_bound, none);
+    first = a.data();
+  }  // both released on s1: cached, not coalesced yet
+  CHECK(arena.core().fl.cached_blocks() == 2);
+  CHECK(arena.core().fl.validate().empty());
+  {
+    auto a = arena.request(s1, "a", 3000, 1, capacity_bound, none);
+    CHECK(a.data() == first);  // same size, same stream: the cached block
+    CHECK(arena.core().fl.cached_blocks() == 1);
+    CHECK(backend.orderings == 0);
+  }
+  CHECK(arena.core().fl.validate().empty());
+  // stats() reports the coalesced state: one free block, everything free.
+  const ArenaStats st = arena.stats();
+  CHECK(st.free_bytes == st.slab_bytes);
+  CHECK(st.eager_bytes == 0);
+  CHECK(arena.core().fl.cached_blocks() == 0);
+  CHECK(arena.core().fl.free_blocks() == 1);
+  CHECK(walk(arena).fully_free_slabs == 1);
+  // A block cached on s1 is not served to s2 from the cache (it would need ordering): s2 gets best fit.
+  { auto a = arena.request(s1, "a", 3000, 1, capacity_bound, none); }
+  CHECK(arena.core().fl.cached_blocks() == 1);
+  {
+    auto c = arena.request(s2, "c", 3000, 1, capacity_bound, none);
+    CHECK(arena.core().fl.cached_blocks() == 1);
+    CHECK(c.data() != first);
+  }
+  CHECK(arena.core().fl.validate().empty());
+  CHECK(arena.stats().free_bytes == arena.stats().slab_bytes);
+}
+
+TEST_CASE("arena: cached blocks never make the arena grow or a capture fail", "[arena][cache]") {
+  HostBackend backend;
+  Arena arena(backend, ArenaOptions{.growth_bytes = 2 * kMiB, .grow_on_demand = false, .report_findings = false});
+  HostStream s;
+  arena.reserve(2 * kMiB, s);
+  const Bindings none;
+  {
+    auto a = arena.request(s, "a", Extent(static_cast<std::int64_t>(kMiB / 2)), 1, capacity_bound, none);
+    auto b = arena.request(s, "b", Extent(static_cast<std::int64_t>(kMiB / 2 - 512)), 1, capacity_bound, none);
+  }
+  CHECK(arena.core().fl.cached_blocks() == 2);
+  // No free block fits 2 MiB until the cached halves coalesce: the miss flushes the cache.
+  {
+    auto whole = arena.request(s, "whole", Extent(static_cast<std::int64_t>(2 * kMiB)), 1, capacity_bound, none);
+    CHECK(whole.bytes() == 2 * kMiB);
+  }
+  CHECK(backend.slab_allocations() == 1);
+  // A capture takes the largest (coalesced) block even when the last releases were cached.
+  { auto a = arena.request(s, "a", 4096, 1, capacity_bound, none); }
+  CHECK(arena.core().fl.cached_blocks() == 1);
+  auto g = capture(arena, s, none, [&](const Bindings& bb) {
+    auto w = arena.request(s, "w", Extent(static_cast<std::int64_t>(2 * kMiB - 256)), 1, capacity_bound, bb);
+    CHECK(w.captured());
+  });
+  CHECK(backend.slab_allocations() == 1);
+}
+
+TEST_CASE("arena: raw blocks stay indexed while cached; double release is still refused", "[arena][cache]") {
+  HostBackend backend;
+  Arena arena(backend, ArenaOptions{.report_findings = false});
+  HostStream s;
+  arena.reserve(4 * kMiB, s);
+  void* p = arena.allocate(s, 1000);
+  arena.deallocate(s, p, 1000);
+  CHECK(arena.core().fl.cached_blocks() == 1);
+  CHECK(arena.core().fl.validate().empty());
+  CHECK_THROWS_WITH(arena.deallocate(s, p, 1000), Contains("double release"));
+  void* q = arena.allocate(s, 1000);
+  CHECK(q == p);  // re-served from the cache (still indexed)
+  arena.deallocate(s, q, 1000);
+  // A workspace request of the same size takes the indexed block: it leaves the used tree, so the
+  // raw pointer is no longer accepted.
+  {
+    auto w = arena.request(s, "w", 1024, 1, capacity_bound, Bindings());
+    CHECK(w.data() == p);
+    CHECK(arena.core().fl.validate().empty());
+    CHECK_THROWS_WITH(arena.deallocate(s, p, 1000), Contains("double release"));
+  }
+  CHECK(arena.core().fl.validate().empty());
+  const ArenaStats st = arena.stats();
+  CHECK(st.free_bytes == st.slab_bytes);
+  CHECK(arena.core().fl.validate().empty());
+}
