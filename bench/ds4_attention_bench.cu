@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   const char* engine = std::getenv("GRAPHSAFE_DS4_ATTENTION");
   const std::string machine = std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) + " SMs";
-  const std::string engine_name = (engine != nullptr && std::string(engine) == "mma_sync") ? "mma_sync" : "wgmma";
+  const std::string engine_name = engine != nullptr && *engine != '\0' ? engine : "ws";  // sparse_attention.cu's default
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::vector<Record> recs;
@@ -470,7 +470,7 @@ int main(int argc, char** argv) {
                 splits, rows_total, same ? "yes" : "NO", nonfinite);
 
     const std::string p = "ds4_" + tname + "_B" + std::to_string(B) + "_H" + std::to_string(H) +
-                          (engine_name == "wgmma" ? "" : "_mma_sync");
+                          (engine_name == "ws" ? "" : "_" + engine_name);
     recs.push_back({p + "_paged_direct_us_per_layer", us_paged, "us", "physical_bound_us", bound_us, us_paged / bound_us});
     recs.push_back({p + "_paged_direct_effective_bandwidth", gbs, "GB/s", "d2d_copy_bandwidth", copy_bw / 1e9, gbs / (copy_bw / 1e9)});
     recs.push_back({p + "_paged_direct_tflops", tfs, "TFLOP/s", "cublas_bf16_gemm_rate", tc_rate / 1e12, tfs / (tc_rate / 1e12)});

@@ -112,7 +112,10 @@ void nvtx_region_register(void* heap, std::uintptr_t addr, std::uint64_t bytes, 
   nd.regionRefType = NVTX_MEM_REGION_REF_TYPE_POINTER;
   nd.nameType = NVTX_MESSAGE_TYPE_ASCII;
   nd.region.pointer = reinterpret_cast<const void*>(addr);
-  nd.name.ascii = name.c_str();
+  // compute-sanitizer accepts at most 49 characters ("Memory region name cannot exceed 49
+  // characters"): keep the end, which names the request.
+  const std::string shown = name.size() <= 49 ? name : "..." + name.substr(name.size() - 46);
+  nd.name.ascii = shown.c_str();
   nvtxMemRegionsNameBatch_t names{};
   names.extCompatID = NVTX_EXT_COMPATID_MEM;
   names.structSize = sizeof(names);
@@ -498,6 +501,8 @@ std::vector<Finding> check_canaries(CapturedGraph& graph, Stream s) {
   if (g->family->dbg_last_graph != g) return {};
   if (g->armed && g->unchecked) detail::check_graph(*g, s);
   return g->last_overwrites;
+  // Virtual growth: a shrink unmapped the guards since the last replay -- nothing left to read.
+  if (g->virt && detail::virtual_guards_unmapped(*g->virt)) g->armed = false;
 }
 
 std::vector<Finding> probe(Arena& arena, Stream s, const std::function<void(const Bindings&)>& fn, const Bindings& a,

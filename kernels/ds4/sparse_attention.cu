@@ -783,6 +783,426 @@ __global__ void __launch_bounds__(kWgThreads, 1) sparse_attention_wgmma_kernel(c
   }
 }
 
+// ================================================================================================
+// Warp-specialized wgmma variant (default on sm_90a). 384 threads = 3 warpgroups:
+//   warpgroup 2 (producer) gathers the tile's rows (fp8 data + scales, or bf16 workspace rows),
+//     dequantizes them into a double-buffered bf16 K tile and signals FULL[stage];
+//   warpgroups 0 and 1 (consumers) each compute S for 32 of the tile's 64 rows
+//     (32 x wgmma m64n32k16: A = Q, B = K rows 32c.., both K-major), exchange the per-head row max,
+//     write their half of P, then each computes O[:, 256c .. 256c+255] += P V over all 64 rows
+//     (4 x wgmma m64n256k16, B = the K tile read MN-major) and releases the stage (EMPTY[stage]).
+// Loading and dequantizing tile t+1 thus overlaps the tensor-core work of tile t, and the
+// consumers synchronize only with each other (named barriers of 256 threads), never with a
+// block-wide barrier inside the loop. Same numerics as above (bf16 operands, fp32 accumulation,
+// bf16 P, base-2 online softmax); the split merge has the same arithmetic in split order.
+constexpr int kWsThreads = 384;
+constexpr int kWsConsumers = 256;
+constexpr int kWsMiscBytes = (2 + 2) * 64 * 4 + 2 * 64 * 4 + 2 * 2 * 64 * 8;  // red, lsum, vld, row ptrs
+constexpr int kWsSmemBytes = kWgQBytes + 2 * kWgKBytes + kWgPBytes + kWsMiscBytes;
+static_assert(kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem over the sm_90 limit");
+
+// Named barriers (0 is __syncthreads): FULL[s] producer -> consumers, EMPTY[s] consumers ->
+// producer, MAX / PREADY among the consumers, PROD among the producer's warps.
+enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarMax = 5, kBarP = 6, kBarProd = 7 };
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#ifndef GRAPHSAFE_DS4_NO_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#ifndef GRAPHSAFE_DS4_NO_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
+template <bool kPaged>
+__global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(const KParams p) {
+  extern __shared__ __align__(128) std::uint8_t smem[];
+  std::uint8_t* Qs = smem;
+  std::uint8_t* Ks = smem + kWgQBytes;  // [2][64 rows x 512] bf16, canonical layout
+  std::uint8_t* Ps = Ks + 2 * kWgKBytes;
+  float* red = reinterpret_cast<float*>(Ps + kWgPBytes);  // [2][64] row max per consumer
+  float* lsum = red + 2 * 64;                             // [2][64] row sums per consumer
+  int* vld = reinterpret_cast<int*>(lsum + 2 * 64);       // [2 stages][64]
+  const std::uint8_t** rowd = reinterpret_cast<const std::uint8_t**>(vld + 2 * 64);  // [2][64]
+  const std::uint8_t** rows = rowd + 2 * 64;                                          // [2][64]
+
+  const int split = blockIdx.x, b = blockIdx.y, head0 = blockIdx.z * kGroupHeads;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  int n_cmp = 0, T = 0;
+  if constexpr (kPaged) {
+    if (p.cmp_idx != nullptr) n_cmp = min(max(p.cmp_lens[b], 0), p.cmp_width);
+    T = n_cmp + min(max(p.swa_lens[b], 0), p.swa_width);
+  } else {
+    T = min(max(p.lens[b], 0), p.width);
+  }
+  const int ntiles = (T + kTileRows - 1) / kTileRows;
+  const int tps = (ntiles + p.splits - 1) / p.splits;
+  const int t_begin = split * tps, t_end = min(ntiles, t_begin + tps);
+  const int n = max(0, t_end - t_begin);
+  const long long part = (static_cast<long long>(b) * p.splits + split) * p.H + head0;
+
+  if (n == 0 && !p.cluster) {
+    if (p.splits == 1) {
+      uint4* o = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0) * kHeadDim);
+      for (int i = tid; i < kGroupHeads * kHeadDim / 8; i += kWsThreads) o[i] = make_uint4(0, 0, 0, 0);
+    } else if (tid < kGroupHeads) {
+      p.part_ml[(part + tid) * 2 + 0] = -INFINITY;
+      p.part_ml[(part + tid) * 2 + 1] = 0.f;
+    }
+    return;
+  }
+
+  float o[128];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int c = warp >> 2;  // consumer warpgroup 0 / 1 (2: producer)
+  const int w4 = warp & 3;
+  const int qr = lane >> 2, qc = 2 * (lane & 3);
+  const int hrow[2] = {16 * w4 + qr, 16 * w4 + qr + 8};
+
+  if (c == 2) {
+    // ================================ producer ================================
+    setmaxnreg_dec<112>();  // give the consumers' O accumulators room (2 x 128 x 200 + 128 x 112 = 64K)
+    const int ptid = tid - kWsConsumers;
+    auto fetch_slot = [&](int t) -> long long {  // slot of row ptid of tile t; -1: no row
+      const int i = t * kTileRows + ptid;
+      if (ptid >= kTileRows || t >= t_end || i >= T) return -1;
+      if constexpr (kPaged) {
+        return i < n_cmp ? p.cmp_idx[static_cast<long long>(b) * p.cmp_width + i]
+                         : p.swa_idx[static_cast<long long>(b) * p.swa_width + (i - n_cmp)];
+      } else {
+        return p.idx[static_cast<long long>(b) * p.width + i];
+      }
+    };
+    // Row pointers of tile t (data, scales; null = invalid row -> zeros), published in smem.
+    auto publish_row = [&](int t, int st, long long slot) {
+      const std::uint8_t* d = nullptr;
+      const std::uint8_t* sc = nullptr;
+      if constexpr (kPaged) {
+        const CacheView& cv = t * kTileRows + ptid < n_cmp ? p.cmp : p.swa;
+        if (slot >= 0 && cv.valid(slot)) { d = cv.data(slot); sc = cv.scales(slot); }
+      } else {
+        if (slot >= 0 && slot < p.ws_rows) d = reinterpret_cast<const std::uint8_t*>(p.ws + slot * kHeadDim);
+      }
+      rowd[st * 64 + ptid] = d;
+      rows[st * 64 + ptid] = sc;
+      vld[st * 64 + ptid] = d != nullptr ? 1 : 0;
+    };
+    auto l2_prefetch = [&](int t, long long slot) {
+      if (slot < 0) return;
+      if constexpr (kPaged) {
+        const CacheView& cv = t * kTileRows + ptid < n_cmp ? p.cmp : p.swa;
+        if (!cv.valid(slot)) return;
+        const std::uint8_t* d = cv.data(slot);
+#pragma unroll
+        for (int line = 0; line < 5; ++line) asm volatile("prefetch.global.L2 [%0];" ::"l"(d + line * 128));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(cv.scales(slot)));
+      } else {
+        if (slot >= p.ws_rows) return;
+        const std::uint8_t* row = reinterpret_cast<const std::uint8_t*>(p.ws + slot * kHeadDim);
+#pragma unroll
+        for (int line = 0; line < 8; ++line) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + line * 128));
+      }
+    };
+    long long slot_cur = fetch_slot(t_begin);
+    for (int j = 0; j < n; ++j) {
+      const int t = t_begin + j, st = j & 1;
+      const long long slot_nxt = fetch_slot(t + 1);
+      if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
+      if (ptid < kTileRows) publish_row(t, st, slot_cur);
+      l2_prefetch(t + 1, slot_nxt);
+      bar_sync(kBarProd, 128);
+      std::uint8_t* kt = Ks + st * kWgKBytes;
+      const std::uint8_t* const* rd = rowd + st * 64;
+      // Opaque per tile: otherwise the 18 items' (row, chunk, smem offset) are hoisted out of the
+      // tile loop as invariants and spill.
+      int pt = ptid;
+      asm volatile("mov.b32 %0, %0;\n" : "+r"(pt));
+      if constexpr (kPaged) {
+        // 64 rows x 36 chunks of 16 B (28 fp8 chunks of 16 values, 8 bf16 rope chunks); item i:
+        // rows 8*(i/8/36) + i%8 (8 lanes = 8 rows: conflict-free 128-B smem stores), chunk (i/8)%36.
+        // Two batches of 9 items each (the producer has 112 registers: all 18 loads in flight spill).
+        constexpr int kItems = kTileRows * 36 / 128;  // 18
+        constexpr int kBatch = kItems / 2;
+#pragma unroll
+        for (int k0 = 0; k0 < kItems; k0 += kBatch) {
+          uint4 w[kBatch];
+          unsigned scb[kBatch];
+#pragma unroll
+          for (int k = 0; k < kBatch; ++k) {
+            const int i = pt + 128 * (k0 + k), g8 = i >> 3, ch = g8 % 36, r = (g8 / 36) * 8 + (i & 7);
+            const std::uint8_t* d = rd[r];
+            w[k] = make_uint4(0, 0, 0, 0);
+            scb[k] = 0;
+            if (d != nullptr) {
+              w[k] = __ldg(reinterpret_cast<const uint4*>(d + ch * 16));
+              if (ch < 28) scb[k] = __ldg(rows[st * 64 + r] + (ch >> 2));
+            }
+          }
+#pragma unroll
+          for (int k = 0; k < kBatch; ++k) {
+            const int i = pt + 128 * (k0 + k), g8 = i >> 3, ch = g8 % 36, r = (g8 / 36) * 8 + (i & 7);
+            if (ch < 28) {
+              const float sc = ue8m0_to_float(scb[k]);
+              uint4 lo, hi;
+              dequant4(w[k].x, sc, lo.x, lo.y);
+              dequant4(w[k].y, sc, lo.z, lo.w);
+              dequant4(w[k].z, sc, hi.x, hi.y);
+              dequant4(w[k].w, sc, hi.z, hi.w);
+              *reinterpret_cast<uint4*>(kt + blk16(r, 2 * ch)) = lo;
+              *reinterpret_cast<uint4*>(kt + blk16(r, 2 * ch + 1)) = hi;
+            } else {
+              *reinterpret_cast<uint4*>(kt + blk16(r, 56 + (ch - 28))) = w[k];
+            }
+          }
+        }
+      } else {
+        // 64 rows x 64 chunks of 16 B, straight into the canonical layout.
+#pragma unroll 8
+        for (int k = 0; k < kTileRows * 64 / 128; ++k) {
+          const int i = pt + 128 * k, kc = (i >> 3) & 63, r = (i >> 9) * 8 + (i & 7);
+          const std::uint8_t* d = rd[r];
+          cp_async16(kt + blk16(r, kc), d != nullptr ? static_cast<const void*>(d + kc * 16) : static_cast<const void*>(p.ws), d != nullptr);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+      }
+      fence_proxy_async();
+      bar_arrive(kBarFull0 + st, kWsThreads);
+      slot_cur = slot_nxt;
+    }
+    // The producer never rejoins the consumers' code (its register budget is smaller): it takes
+    // part in the cluster merge's barriers here and leaves.
+    if (p.cluster) {
+      __syncthreads();
+      cg::this_cluster().sync();
+      cg::this_cluster().sync();
+    }
+    return;
+  }
+  {
+    // ================================ consumers ================================
+    setmaxnreg_inc<200>();
+#pragma unroll
+    for (int e = 0; e < 128; ++e) o[e] = 0.f;
+    if (n > 0) {
+      // Q -> canonical layout: consumer warp cw loads heads 8*cw + lane%8, chunks lane/8 + 4i.
+      const int h = warp * 8 + (lane & 7);
+      const std::uint16_t* qrow = p.q + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int kc = (lane >> 3) + 4 * i;
+        cp_async16(Qs + blk16(h, kc), qrow + kc * 8, true);
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async();
+      bar_sync(kBarP, kWsConsumers);
+    }
+    for (int j = 0; j < n; ++j) {
+      const int st = j & 1;
+      bar_sync(kBarFull0 + st, kWsThreads);
+      const std::uint8_t* Kt = Ks + st * kWgKBytes;
+      const int* vt = vld + st * 64;
+
+      float sacc[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) sacc[e] = 0.f;
+      {
+        // Running descriptors (laundered each step): all 64 precomputed would take 128 registers.
+        std::uint64_t k_desc = wgmma_desc(Kt + c * 4 * kWgRowSbo, 128, kWgRowSbo);
+        std::uint64_t q_desc = wgmma_desc(Qs, 128, kWgRowSbo);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          wgmma_m64n32k16(sacc, q_desc, k_desc, kk > 0 ? 1 : 0);
+          q_desc = launder(q_desc + 16);
+          k_desc = launder(k_desc + 16);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+      }
+      const int sr = c * 32;
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int nb = 0; nb < 4; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = sr + nb * 8 + qc + (e & 1);
+          const float sv = vt[col] ? sacc[4 * nb + e] * p.scale_log2 : -INFINITY;
+          sacc[4 * nb + e] = sv;
+          mx[e >> 1] = fmaxf(mx[e >> 1], sv);
+        }
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        mx[jj] = fmaxf(mx[jj], __shfl_xor_sync(0xffffffffu, mx[jj], 1));
+        mx[jj] = fmaxf(mx[jj], __shfl_xor_sync(0xffffffffu, mx[jj], 2));
+      }
+      if ((lane & 3) == 0) {
+        red[c * 64 + hrow[0]] = mx[0];
+        red[c * 64 + hrow[1]] = mx[1];
+      }
+      bar_sync(kBarMax, kWsConsumers);
+
+      float alpha[2];
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int h = hrow[jj];
+        const float mn = fmaxf(m[jj], fmaxf(red[h], red[64 + h]));
+        const float mu = mn == -INFINITY ? 0.f : mn;
+        alpha[jj] = exp2f(m[jj] - mu);
+        l[jj] *= alpha[jj];
+        m[jj] = mn;
+        float sum = 0.f;
+#pragma unroll
+        for (int nb = 0; nb < 4; ++nb) {
+          const float p0 = exp2f(sacc[4 * nb + 2 * jj] - mu), p1 = exp2f(sacc[4 * nb + 2 * jj + 1] - mu);
+          sum += p0 + p1;
+          const int r = sr + nb * 8 + qc;  // even
+          *reinterpret_cast<std::uint32_t*>(Ps + (h >> 3) * kWgPSbo + (r >> 3) * 128 + (h & 7) * 16 + (r & 7) * 2) =
+              pack_bf16x2(p0, p1);
+        }
+        l[jj] += sum;
+      }
+#pragma unroll
+      for (int nb = 0; nb < 32; ++nb) {
+        o[4 * nb + 0] *= alpha[0];
+        o[4 * nb + 1] *= alpha[0];
+        o[4 * nb + 2] *= alpha[1];
+        o[4 * nb + 3] *= alpha[1];
+      }
+      fence_proxy_async();
+      bar_sync(kBarP, kWsConsumers);  // both halves of P written
+
+      {
+        const std::uint64_t v_desc = launder(wgmma_desc(Kt + c * 32 * 128, kWgRowSbo, 128));
+        const std::uint64_t p_desc = launder(wgmma_desc(Ps, 128, kWgPSbo));
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kTileRows / 16; ++ks)
+          wgmma_m64n256k16_tb(o, p_desc + ks * 16, v_desc + ks * ((2 * kWgRowSbo) >> 4), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+      }
+      if (j + 2 < n) bar_arrive(kBarEmpty0 + st, kWsThreads);  // the producer refills this stage
+    }
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      float lj = l[jj];
+      lj += __shfl_xor_sync(0xffffffffu, lj, 1);
+      lj += __shfl_xor_sync(0xffffffffu, lj, 2);
+      if ((lane & 3) == 0) lsum[c * 64 + hrow[jj]] = lj;
+    }
+    bar_sync(kBarMax, kWsConsumers);
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) l[jj] = lsum[hrow[jj]] + lsum[64 + hrow[jj]];
+  }
+
+  if (p.cluster) {
+    // Split-K merge inside the cluster (the splits of one (request, head group)). Heads are dealt
+    // to ranks by consumer warp (2 ranks: warps 0-1 / 2-3 of each consumer warpgroup; 4 ranks: one
+    // warp each; otherwise rank 0 merges all): every rank parks in its own shared memory what the
+    // others merge, and the owners read it over DSMEM, ranks in split order (the combine kernel's
+    // arithmetic). No global scratch, no second kernel.
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = static_cast<int>(cluster.block_rank());
+    const int nr = static_cast<int>(cluster.num_blocks());
+    float4* park = reinterpret_cast<float4*>(smem);  // [32][256] float4 = 128 KB (Q + K area)
+    float* ml = reinterpret_cast<float*>(vld);       // [64][2] (m, l): the vld + row pointer area
+    __syncthreads();  // consumers are done with Q / K / lsum, the producer with vld / row pointers
+    const int owner = (nr == 2 || nr == 4) ? (w4 * nr) / 4 : 0;
+    if (owner != rank) {
+#pragma unroll
+      for (int e = 0; e < 32; ++e)
+        park[e * kWsConsumers + tid] = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
+    }
+    if (c == 0 && (lane & 3) == 0) {
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) { ml[hrow[jj] * 2] = m[jj]; ml[hrow[jj] * 2 + 1] = l[jj]; }
+    }
+    cluster.sync();
+    if (owner == rank) {
+      // Per rank: weight exp2(m_r - M) where l_r > 0, else the rank is skipped.
+      float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.f, 0.f}, w[8][2];
+      for (int r = 0; r < nr; ++r) {
+        const float* rml = cluster.map_shared_rank(ml, r);
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+          if (rml[hrow[jj] * 2 + 1] > 0.f) M[jj] = fmaxf(M[jj], rml[hrow[jj] * 2]);
+      }
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        if (r >= nr) break;
+        const float* rml = cluster.map_shared_rank(ml, r);
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const float lr = rml[hrow[jj] * 2 + 1];
+          w[r][jj] = lr > 0.f ? exp2f(rml[hrow[jj] * 2] - M[jj]) : 0.f;
+          if (lr > 0.f) L[jj] = __fmaf_rn(lr, w[r][jj], L[jj]);
+        }
+      }
+      // acc = sum over ranks in order of O_r * w_r (own O from registers): combine_splits_kernel's
+      // arithmetic, element by element so the result overwrites o in place.
+#pragma unroll
+      for (int e = 0; e < 32; ++e) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          if (r >= nr) break;
+          const float4 v = r == rank ? make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3])
+                                     : cluster.map_shared_rank(park, r)[e * kWsConsumers + tid];
+          if (w[r][0] > 0.f) { a.x = __fmaf_rn(v.x, w[r][0], a.x); a.y = __fmaf_rn(v.y, w[r][0], a.y); }
+          if (w[r][1] > 0.f) { a.z = __fmaf_rn(v.z, w[r][1], a.z); a.w = __fmaf_rn(v.w, w[r][1], a.w); }
+        }
+        o[4 * e] = a.x; o[4 * e + 1] = a.y; o[4 * e + 2] = a.z; o[4 * e + 3] = a.w;
+      }
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int h = hrow[jj];
+        float inv = 0.f;
+        if (L[jj] > 0.f) inv = 1.f / (L[jj] + (p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - M[jj]) : 0.f));
+        std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + c * 256 + qc;
+#pragma unroll
+        for (int nb = 0; nb < 32; ++nb)
+          *reinterpret_cast<std::uint32_t*>(orow + nb * 8) = pack_bf16x2(o[4 * nb + 2 * jj] * inv, o[4 * nb + 2 * jj + 1] * inv);
+      }
+    }
+    cluster.sync();  // keep every rank's shared memory alive until the owners have read it
+    return;
+  }
+
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) {
+    const int h = hrow[jj];
+    if (p.splits == 1) {
+      float inv = 0.f;
+      if (l[jj] > 0.f) {
+        const float sterm = p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - m[jj]) : 0.f;
+        inv = 1.f / (l[jj] + sterm);
+      }
+      std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + c * 256 + qc;
+#pragma unroll
+      for (int nb = 0; nb < 32; ++nb)
+        *reinterpret_cast<std::uint32_t*>(orow + nb * 8) = pack_bf16x2(o[4 * nb + 2 * jj] * inv, o[4 * nb + 2 * jj + 1] * inv);
+    } else {
+      float* orow = p.part_o + (part + h) * kHeadDim + c * 256 + qc;
+#pragma unroll
+      for (int nb = 0; nb < 32; ++nb)
+        *reinterpret_cast<float2*>(orow + nb * 8) = make_float2(o[4 * nb + 2 * jj], o[4 * nb + 2 * jj + 1]);
+      if (c == 0 && (lane & 3) == 0) {
+        p.part_ml[(part + h) * 2 + 0] = m[jj];
+        p.part_ml[(part + h) * 2 + 1] = l[jj];
+      }
+    }
+  }
+}
+
 // Merge the splits of one (request, head): 128 threads x 4 dims, splits in index order.
 __global__ void __launch_bounds__(128) combine_splits_kernel(const float* part_o, const float* part_ml,
                                                              const float* sink, std::uint16_t* out,
@@ -800,12 +1220,12 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const float* part_o
     const float l = part_ml[k * 2 + 1];
     if (!(l > 0.f)) continue;
     const float w = exp2f(part_ml[k * 2] - M);
-    L += l * w;
+    L = __fmaf_rn(l, w, L);
     const float4 v = reinterpret_cast<const float4*>(part_o + k * kHeadDim)[threadIdx.x];
-    acc.x += v.x * w;
-    acc.y += v.y * w;
-    acc.z += v.z * w;
-    acc.w += v.w * w;
+    acc.x = __fmaf_rn(v.x, w, acc.x);
+    acc.y = __fmaf_rn(v.y, w, acc.y);
+    acc.z = __fmaf_rn(v.z, w, acc.z);
+    acc.w = __fmaf_rn(v.w, w, acc.w);
   }
   float inv = 0.f;
   if (L > 0.f) inv = 1.f / (L + (sink != nullptr ? exp2f(sink[h] * kLog2e - M) : 0.f));
@@ -815,14 +1235,21 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const float* part_o
   reinterpret_cast<uint2*>(out + (static_cast<long long>(b) * H + h) * kHeadDim)[threadIdx.x] = r;
 }
 
-// Which tile engine runs: wgmma (default) or the mma.sync fallback, chosen once per process by
-// GRAPHSAFE_DS4_ATTENTION=mma_sync|wgmma.
+// Which tile engine runs, chosen once per process by GRAPHSAFE_DS4_ATTENTION:
+//   ws (default): the warp-specialized wgmma kernel; wgmma: the 4-warpgroup lockstep wgmma kernel;
+//   mma_sync: the portable mma.sync kernel (also what runs on a GPU without sm_90a).
 // wgmma needs sm_90a machine code, i.e. a compute capability 9.x device.
-bool use_wgmma() {
-  static const bool env_ok = [] {
-    const char* e = std::getenv("GRAPHSAFE_DS4_ATTENTION");
-    return !(e != nullptr && std::string(e) == "mma_sync");
+enum class Engine { ws, wgmma, mma_sync };
+Engine engine_from_env() {
+  static const Engine e = [] {
+    const char* v = std::getenv("GRAPHSAFE_DS4_ATTENTION");
+    const std::string s = v != nullptr ? v : "";
+    return s == "mma_sync" ? Engine::mma_sync : s == "wgmma" ? Engine::wgmma : Engine::ws;
   }();
+  return e;
+}
+bool use_wgmma() {
+  const bool env_ok = engine_from_env() != Engine::mma_sync;
   static int major[64] = {};
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
@@ -859,6 +1286,9 @@ void set_smem_attribute() {
     check_cuda(cudaFuncSetAttribute(sparse_attention_wgmma_kernel<kPaged>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, wg_smem_bytes<kPaged>()),
                "cudaFuncSetAttribute(sparse_attention_wgmma, max dynamic smem)");
+    check_cuda(cudaFuncSetAttribute(sparse_attention_ws_kernel<kPaged>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
+               "cudaFuncSetAttribute(sparse_attention_ws, max dynamic smem)");
   });
 }
 
@@ -889,13 +1319,17 @@ void launch(KParams& kp, const AttentionCommon& c, cudaStream_t stream, const ch
   const dim3 grid(c.splits, c.batch, c.heads / kGroupHeads);
   kp.cluster = 0;
   if (use_wgmma()) {
+    const bool ws = engine_from_env() == Engine::ws;
+    const auto kernel = ws ? sparse_attention_ws_kernel<kPaged> : sparse_attention_wgmma_kernel<kPaged>;
+    const unsigned threads = ws ? kWsThreads : kWgThreads;
+    const int smem = ws ? kWsSmemBytes : wg_smem_bytes<kPaged>();
     if (c.splits > 1 && c.splits <= 8 && use_cluster()) {
       // The splits of one (request, head group) form a cluster and merge over DSMEM (no scratch
       // traffic, no second kernel). If the device refuses the cluster shape, fall back for good.
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = grid;
-      cfg.blockDim = dim3(kWgThreads);
-      cfg.dynamicSmemBytes = wg_smem_bytes<kPaged>();
+      cfg.blockDim = dim3(threads);
+      cfg.dynamicSmemBytes = smem;
       cfg.stream = stream;
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -905,7 +1339,7 @@ void launch(KParams& kp, const AttentionCommon& c, cudaStream_t stream, const ch
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       kp.cluster = 1;
-      const cudaError_t err = cudaLaunchKernelEx(&cfg, sparse_attention_wgmma_kernel<kPaged>, kp);
+      const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, kp);
       if (err == cudaSuccess) {
         check_launch(name);
         return;
@@ -914,7 +1348,7 @@ void launch(KParams& kp, const AttentionCommon& c, cudaStream_t stream, const ch
       cluster_refused() = true;
       kp.cluster = 0;
     }
-    sparse_attention_wgmma_kernel<kPaged><<<grid, kWgThreads, wg_smem_bytes<kPaged>(), stream>>>(kp);
+    kernel<<<grid, threads, smem, stream>>>(kp);
   } else {
     sparse_attention_kernel<kPaged><<<grid, kThreads, smem_bytes<kPaged>(), stream>>>(kp);
   }

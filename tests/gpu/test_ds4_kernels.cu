@@ -401,6 +401,15 @@ TEST_CASE("sparse attention (paged-direct and gather path) matches ref::sparse_a
       CHECK(r2.paged == r.paged);
       CHECK(r2.paged1 == r.paged1);
       CHECK(r2.ws == r.ws);
+      // Every split merge: a 2- and a 4-CTA cluster (heads dealt to the ranks), 7 (rank 0 merges
+      // all), 12 (over 8: global scratch + combine kernel).
+      for (const int forced : {2, 4, 12}) {
+        const AttnRun rf = run_attention(p, forced, st, nullptr);
+        const ErrStats af = compare_attention(rf.paged1, want, p.batch, H);
+        INFO("forced splits " << forced << ": max rel " << af.max_rel);
+        CHECK(af.max_rel <= 1e-2);
+        CHECK(af.bad_zero == 0);
+      }
       ++cases;
     }
   CHECK(cases == 6);
