@@ -95,7 +95,10 @@ void CapturedGraph::replay(const Bindings& b, Stream s, std::source_location loc
   }
   detail::GraphState& cur = *state_;
   // Virtual growth: map what these bindings need (a compare per request when nothing grew).
-  if (cur.virt) [[unlikely]] detail::virtual_commit(*cur.virt, b);
+  if (cur.virt) [[unlikely]] {
+    detail::virtual_commit(*cur.virt, b);
+    if (detail::virtual_guards_unmapped(*cur.virt)) cur.armed = false;  // debug: re-arm remapped guards
+  }
   // Graphs of one family share a region: a replay on another stream waits for the last one.
   void* last;
   {

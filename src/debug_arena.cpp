@@ -1,6 +1,7 @@
 // Debug mode over the arena: capture findings, canaries (guard regions behind workspaces), NVTX
 // Memory API registration, concurrent family replays; probe() and audit_replay().
 #include "arena_core.hpp"
+#include "virtual_commit.hpp"
 
 #include <graphsafe/cuda_backend.hpp>
 #include <graphsafe/debug.hpp>
@@ -363,6 +364,7 @@ void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::
     if (prev && prev != &g) {
       // The other graph's replays may have written over this graph's guards (and this replay over
       // its guards): check what it left, then both re-arm before their next replay.
+      if (prev->virt && virtual_guards_unmapped(*prev->virt)) prev->armed = false;  // shrunk: nothing to read
       if (prev->unchecked && prev->armed) check_graph(*prev, Stream(static_cast<cudaStream_t>(prev->dbg_stream)));
       prev->armed = false;
       g.armed = false;
@@ -499,10 +501,10 @@ std::vector<Finding> check_canaries(CapturedGraph& graph, Stream s) {
   if (!core.opts.debug || !core.guard_bytes || !core.opts.canaries) return {};
   // Another graph of the family replayed since: the guards are its to write (it re-arms them).
   if (g->family->dbg_last_graph != g) return {};
-  if (g->armed && g->unchecked) detail::check_graph(*g, s);
-  return g->last_overwrites;
   // Virtual growth: a shrink unmapped the guards since the last replay -- nothing left to read.
   if (g->virt && detail::virtual_guards_unmapped(*g->virt)) g->armed = false;
+  if (g->armed && g->unchecked) detail::check_graph(*g, s);
+  return g->last_overwrites;
 }
 
 std::vector<Finding> probe(Arena& arena, Stream s, const std::function<void(const Bindings&)>& fn, const Bindings& a,

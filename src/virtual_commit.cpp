@@ -126,7 +126,10 @@ void VirtualFamily::unmap_except(const std::vector<bool>& keep) {
     dropped += e - g;
     g = e;
   }
-  if (dropped) epoch.fetch_add(1, std::memory_order_acq_rel);
+  if (dropped) {
+    epoch.fetch_add(1, std::memory_order_acq_rel);
+    for (VirtualPlan* p : plans) p->guards_unmapped.store(true, std::memory_order_relaxed);
+  }
   if (first) std::rethrow_exception(first);
 }
 
@@ -191,12 +194,61 @@ std::int64_t prefix_threshold(const VirtualFamily& f, const VirtualItem& it) {
   return static_cast<std::int64_t>((end - it.offset) / it.element_bytes);
 }
 
+// Monotone prefix: the largest uniform headroom d such that every batch element at (value + d,
+// capped at its capacity) still fits what is mapped; scalars are verified at their current values.
+void prefix_thresholds(VirtualItem& it, const Bindings& b) {
+  it.mono_valid = false;
+  it.mono_scalar_ok.clear();
+  for (Symbol s : it.mono_scalar) it.mono_scalar_ok.push_back(b.value(s));
+  std::vector<std::vector<std::int64_t>> base;
+  std::vector<std::int64_t> caps;
+  std::int64_t hi = 0;
+  for (Symbol s : it.mono_batch) {
+    const auto v = b.values(s);
+    base.emplace_back(v.begin(), v.end());
+    caps.push_back(search_cap(s));
+    for (std::int64_t x : v) hi = std::max(hi, caps.back() - x);
+  }
+  Bindings t(b);
+  std::vector<std::int64_t> w;
+  auto at = [&](std::int64_t d) {
+    for (std::size_t k = 0; k < base.size(); ++k) {
+      w.resize(base[k].size());
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::max(base[k][i], std::min(caps[k], base[k][i] + d));
+      t.set(it.mono_batch[k], std::span<const std::int64_t>(w));
+    }
+  };
+  auto ok = [&](std::int64_t d) {
+    try {
+      at(d);
+      return it.length->evaluate(t) <= it.prefix_ok;
+    } catch (const error&) {
+      return false;
+    }
+  };
+  std::int64_t lo = 0;
+  if (!ok(0)) return;  // (defensive: evaluate every replay rather than trust an unchecked bound)
+  if (ok(hi)) {
+    lo = hi;
+  } else {
+    while (hi - lo > 1) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      (ok(mid) ? lo : hi) = mid;
+    }
+  }
+  it.mono_thr.assign(base.size(), {});
+  for (std::size_t k = 0; k < base.size(); ++k)
+    for (std::int64_t x : base[k]) it.mono_thr[k].push_back(std::max(x, std::min(caps[k], x + lo)));
+  it.mono_valid = true;
+}
+
 void commit_prefix(VirtualFamily& f, VirtualItem& it, const Bindings& b) {
   const std::int64_t need = it.length->evaluate(b);
   const std::uint64_t bytes = mul_bytes(need, it.element_bytes, it.name);
   if (bytes > it.bytes) footprint_overflow(it, -1, bytes, it.length->to_string() + " = " + std::to_string(need));
   f.commit(it.offset, bytes);
   it.prefix_ok = prefix_threshold(f, it);
+  if (it.mono) prefix_thresholds(it, b);
 }
 
 std::span<const std::int64_t> batch_values(const VirtualItem& it, const Bindings& b) {
@@ -261,7 +313,7 @@ void VirtualPlan::commit_slow(const Bindings& b, bool full) {
       }
     }
     for (std::size_t k : prefix_items)
-      if (items[k].length->evaluate(b) > items[k].prefix_ok) commit_prefix(f, items[k], b);
+      if (!prefix_within(items[k], b)) commit_prefix(f, items[k], b);
   }
   // Mapping never removes anything, so thresholds computed now hold until the next unmap.
   epoch = f.epoch.load(std::memory_order_acquire);
@@ -492,6 +544,9 @@ void virtual_place(SessionState& st, std::uint64_t offset, std::uint64_t bytes, 
     } else {
       it.kind = VirtualItem::Kind::prefix;
       it.length = len;
+      it.mono = len.monotone();
+      for (Symbol s : len.dynamic_symbols())
+        (s.kind() == SymbolKind::batch ? it.mono_batch : it.mono_scalar).push_back(s);
       p.prefix_items.push_back(p.items.size() - 1);
     }
   }

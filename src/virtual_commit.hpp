@@ -65,6 +65,14 @@ struct VirtualItem {
   std::uint64_t fixed_bytes = 0;    // fixed: bytes touched (static)
   std::optional<Extent> length;     // prefix: elements touched
   std::int64_t prefix_ok = -1;      // prefix: elements known mapped (fast check)
+  // prefix whose length is monotone in every dynamic symbol (sum_over(L, ...) of a ragged layout):
+  // values up to these thresholds need nothing new, so the fast check is a compare per element
+  // instead of evaluating the length. Recomputed (a binary search for the headroom) when exceeded.
+  bool mono = false;
+  bool mono_valid = false;
+  std::vector<Symbol> mono_batch, mono_scalar;
+  std::vector<std::vector<std::int64_t>> mono_thr;  // per batch symbol, per element
+  std::vector<std::int64_t> mono_scalar_ok;          // per dynamic scalar
   std::optional<Symbol> batch, elem;  // per_request
   std::uint64_t stride_bytes = 0;
   std::size_t count = 0;            // batch length at capture
@@ -91,6 +99,10 @@ struct VirtualPlan {
   std::uint64_t epoch = 0;       // family epoch the thresholds hold for (0: none yet)
   bool registered = false;
   std::uint64_t fast = 0, slow = 0, grew = 0;
+  // Set when the family unmapped anything since the graph last looked: its debug guard regions may
+  // be unmapped, or mapped again over pooled chunks holding anything (re-arm before the next launch,
+  // nothing to check until then).
+  std::atomic<bool> guards_unmapped{false};
 
   VirtualPlan() = default;
   VirtualPlan(const VirtualPlan&) = delete;
@@ -105,6 +117,22 @@ struct VirtualPlan {
   // Exact bytes, touched granules and separately addressed ranges under `b` (stats).
   void need_of(const Bindings& b, std::uint64_t& exact, std::uint64_t& granules, std::uint64_t& ranges) const;
 };
+
+// Monotone prefix: are the bindings' values all within the thresholds (nothing new to map)?
+inline bool prefix_within(const VirtualItem& it, const Bindings& b) {
+  if (!it.mono_valid) return it.length->evaluate(b) <= it.prefix_ok;
+  for (std::size_t k = 0; k < it.mono_batch.size(); ++k) {
+    const std::span<const std::int64_t> v = b.values(it.mono_batch[k]);
+    const std::vector<std::int64_t>& t = it.mono_thr[k];
+    if (v.size() != t.size()) return false;
+    bool grew = false;
+    for (std::size_t i = 0; i < v.size(); ++i) grew |= v[i] > t[i];
+    if (grew) return false;
+  }
+  for (std::size_t k = 0; k < it.mono_scalar.size(); ++k)
+    if (b.value(it.mono_scalar[k]) > it.mono_scalar_ok[k]) return false;
+  return true;
+}
 
 // The replay path (after the guards): nothing grew -> a compare per request, per gate.
 inline void virtual_commit(VirtualPlan& p, const Bindings& b) {
@@ -121,9 +149,14 @@ inline void virtual_commit(VirtualPlan& p, const Bindings& b) {
       return p.commit_slow(b, false);
   }
   for (std::size_t i : p.prefix_items)
-    if (p.items[i].length->evaluate(b) > p.items[i].prefix_ok) [[unlikely]]
+    if (!prefix_within(p.items[i], b)) [[unlikely]]
       return p.commit_slow(b, false);
   ++p.fast;
+}
+
+// Debug mode: true (once) when the graph's guard regions must be re-armed before its next launch.
+inline bool virtual_guards_unmapped(VirtualPlan& p) {
+  return p.guards_unmapped.load(std::memory_order_relaxed) && p.guards_unmapped.exchange(false);
 }
 
 // The arena's virtual families (for shrink), held by ArenaCore::virt.

@@ -643,3 +643,80 @@ TEST_CASE("virtual: strided per-request slices cost a partly used granule per to
   // Per separately addressed range: within it.
   CHECK(vs.committed_bytes <= target_bytes(vs, vs.touched_ranges));
 }
+
+TEST_CASE("virtual: debug mode re-arms the guard regions a shrink unmapped", "[virtual][debug]") {
+  debug::clear_findings();
+  Fixture f(HostVirtualMemoryOptions{.granularity = kGranule}, ArenaOptions{.debug = true, .canary_check_every = 0});
+  Step st = f.step();
+  Bindings b = f.m.bind(f.dev_lens);
+  auto graph = capture(*f.arena, f.s, b, [&](const Bindings& bb) { st(f.s, bb); });
+  f.dev_lens = {255, 257};
+  b = f.m.bind(f.dev_lens);
+  graph.replay(b, f.s);
+  CHECK(debug::check_canaries(graph, f.s).empty());
+  graph.replay(b, f.s);  // unchecked (canary_check_every = 0)
+  // Unmap everything (guards included): a check now has nothing to read, and must not fault ...
+  f.arena->shrink(f.s);
+  CHECK(debug::check_canaries(graph, f.s).empty());
+  // ... and the next replay maps pooled chunks (stale contents) behind the guards: re-armed, intact.
+  f.dev_lens = {511, 512};
+  b = f.m.bind(f.dev_lens);
+  graph.replay(b, f.s);
+  CHECK(f.out == expected(f.dev_lens));
+  CHECK(debug::check_canaries(graph, f.s).empty());
+  for (const auto& fi : debug::findings()) CHECK(fi.kind != debug::kind::canary_overwrite);
+  debug::clear_findings();
+}
+
+TEST_CASE("virtual: a ragged prefix (monotone sum_over) takes the fast path while its rows fit what is mapped",
+          "[virtual][target]") {
+  auto vm = std::make_shared<HostVirtualMemory>(HostVirtualMemoryOptions{.granularity = kG64});
+  HostBackend backend;
+  Arena arena(backend, ArenaOptions{.report_findings = false, .virtual_memory = vm,
+                                    .virtual_reserve_bytes = 64ull << 20});
+  HostStream s;
+  Symbol R = Symbol::fixed("requests");
+  Symbol L = Symbol::batch("seq_lens", R, 4096);
+  std::vector<std::int64_t> lens{1, 2, 3, 4};
+  auto bind = [&] {
+    Bindings b;
+    b.set(R, 4).set(L, std::span<const std::int64_t>(lens));
+    return b;
+  };
+  Bindings b = bind();
+  std::uint16_t* kv = nullptr;
+  auto graph = capture(arena, s, b, [&](const Bindings& bb) {
+    auto w = arena.request(s, "kv", sum_over(L, [](const Extent& l) { return l; }) * kRowEl, 2, capacity_bound, bb);
+    kv = w.as<std::uint16_t>();
+    auto* p = kv;
+    const std::vector<std::int64_t>* dl = &lens;
+    s.launch([=] {
+      std::int64_t n = 0;
+      for (std::int64_t l : *dl) n += l;
+      p[n * kRowEl - 1] = 1;  // the last element of the last row
+    });
+  });
+  graph.replay(b, s);  // first replay: full pass; 10 rows of 64 mapped, headroom 13 tokens per request
+  const auto first = graph.virtual_stats();
+  for (int step = 1; step <= 13; ++step) {
+    for (auto& l : lens) ++l;
+    b = bind();
+    graph.replay(b, s);
+  }
+  auto vs = graph.virtual_stats();
+  CHECK(vs.fast_commits == first.fast_commits + 13);  // a compare per request, no evaluation
+  CHECK(vs.slow_commits == first.slow_commits);
+  CHECK(vs.committed_bytes == kG64);
+  for (auto& l : lens) ++l;  // 14 each: 4 x 14 + 10 = 66 rows > 64
+  b = bind();
+  graph.replay(b, s);
+  vs = graph.virtual_stats(&b);
+  CHECK(vs.slow_commits == first.slow_commits + 1);
+  CHECK(vs.committed_bytes == 2 * kG64);
+  CHECK(vs.committed_bytes == vs.granule_need_bytes);
+  // A request that finished and restarted shorter: within the thresholds, fast.
+  lens[0] = 1;
+  b = bind();
+  graph.replay(b, s);
+  CHECK(graph.virtual_stats().fast_commits == vs.fast_commits + 1);
+}
