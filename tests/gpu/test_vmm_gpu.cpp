@@ -5,7 +5,10 @@
 //    eager bit for bit, and within the bf16 tolerance of the CPU reference;
 //  - max_model_len 64K: device memory in use (cudaMemGetInfo) grows with the lengths instead of
 //    jumping to the capacity bound at capture;
-//  - exact-at-capture sizing: the guard still refuses before anything is mapped or launched.
+//  - exact-at-capture sizing: the guard still refuses before anything is mapped or launched;
+//  - debug mode (canaries checked after every replay) and NVTX registration together with virtual
+//    growth, shrink and regrow: replay == eager, canaries intact, no findings;
+//  - a capture family (buckets of 4 and 2 requests) in one address range and one mapping.
 #include <catch2/catch.hpp>
 
 #include <graphsafe/graphsafe.hpp>
@@ -19,7 +22,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <vector>
 
 using namespace graphsafe;
@@ -218,4 +223,143 @@ TEST_CASE("VMM: exact-at-capture in virtual mode is refused by the guard before 
   CHECK_THROWS_AS(graph.replay(b, dev.s), guard_failure);
   CHECK(download(og, n_out, dev.s) == before);
   CHECK(arena.committed_bytes() == committed);
+}
+
+TEST_CASE("VMM: debug mode (canaries, NVTX registration) with virtual growth: grow, shrink, regrow, no findings",
+          "[ds4][vmm][debug]") {
+  // Debug mode on the CUDA backend registers the family's address range as an NVTX heap and each
+  // workspace as a region, puts a 256-byte guard behind each workspace (mapped with it), fills it
+  // before replays and checks it after every replay. Run under compute-sanitizer memcheck too.
+  constexpr int kMaxLen = 512;
+  debug::clear_findings();
+  Device dev;
+  CudaBackend backend;
+  auto vm = std::make_shared<CudaVirtualMemory>();
+  Arena arena(backend, ArenaOptions{.report_findings = false,
+                                    .debug = true,
+                                    .canaries = true,
+                                    .canary_check_every = 1,
+                                    .nvtx = true,
+                                    .virtual_memory = vm,
+                                    .virtual_reserve_bytes = 1ull << 34});
+  arena.reserve(64ull << 20, dev.s);  // eager steps
+  for (int ratio : {4, 128}) {
+    INFO("ratio " << ratio);
+    const LayerConfig cfg = config(ratio, kMaxLen);
+    DecodeProblem p = make_problem(cfg, {3, 5}, 2468 + ratio, Picks::last8, kMaxLen);
+    auto d = cuda::upload(p);
+    const Ds4Symbols syms(cfg);
+    GatherDecode gd(arena, cfg, syms, Sizing::safe);
+    const std::size_t n_out = std::size_t(2) * cfg.heads * kHeadDim;
+    auto out_graph = cuda::device_alloc(n_out * 2);
+    auto out_eager = cuda::device_alloc(n_out * 2);
+    auto* og = reinterpret_cast<std::uint16_t*>(out_graph.get());
+    auto* oe = reinterpret_cast<std::uint16_t*>(out_eager.get());
+    Bindings b = syms.bind(2, cfg, p.seq_lens);
+    auto graph = capture(arena, dev.s, b, [&](const Bindings& bb) { gd.run(dev.s, d, bb, og); });
+    REQUIRE(graph.virtual_stats().virtual_mode);
+    CHECK(graph.plan().findings().empty());
+    const std::vector<std::vector<std::int32_t>> trace{{15, 17}, {255, 257}, {511, 512}, {20, 30}, {511, 512}};
+    for (std::size_t k = 0; k < trace.size(); ++k) {
+      const auto& lens = trace[k];
+      INFO("step " << k << ": lengths " << lens[0] << "," << lens[1]);
+      grow(p, lens, 31 + lens[0], Picks::last8);
+      cuda::upload_lengths(d, p, dev.s);
+      b = syms.bind(2, cfg, lens);
+      if (k == 3) arena.shrink(dev.s, b);  // unmap what {20, 30} does not need (guards are kept)
+      if (k == 4) arena.shrink(dev.s);     // unmap everything: the regrow maps pooled chunks
+      GRAPHSAFE_CUDA(cudaMemsetAsync(og, 0xFF, n_out * 2, dev.s));
+      graph.replay(b, dev.s);  // guards, commit, arm the canaries, launch, check the canaries
+      gd.run(dev.s, d, b, oe);
+      const auto hg = download(og, n_out, dev.s);
+      const auto he = download(oe, n_out, dev.s);
+      CHECK(std::memcmp(hg.data(), he.data(), n_out * 2) == 0);  // replay == eager, bit for bit
+      CHECK(debug::check_canaries(graph, dev.s).empty());
+      const auto vs = graph.virtual_stats(&b);
+      CHECK(vs.committed_bytes >= vs.granule_need_bytes);
+    }
+    GRAPHSAFE_CUDA(cudaStreamSynchronize(dev.s));
+    GRAPHSAFE_CUDA(cudaGetLastError());
+  }
+  INFO(debug::report_text());
+  CHECK(debug::findings().empty());  // no canary overwrite, no other finding
+  debug::clear_findings();
+}
+
+TEST_CASE("VMM: a capture family (one graph per batch bucket) shares its address range and mapping",
+          "[ds4][vmm]") {
+  constexpr int kMaxLen = 2048;
+  Device dev;
+  CudaBackend backend;
+  auto vm = std::make_shared<CudaVirtualMemory>();
+  Arena arena(backend, ArenaOptions{.report_findings = false, .virtual_memory = vm,
+                                    .virtual_reserve_bytes = 1ull << 34});
+  arena.reserve(64ull << 20, dev.s);  // eager steps
+  const LayerConfig cfg = config(4, kMaxLen);
+  const Ds4Symbols syms(cfg);
+  GatherDecode gd(arena, cfg, syms, Sizing::safe);
+  CaptureFamily fam = arena.family("decode");
+  struct Bucket {
+    int batch;
+    DecodeProblem p;
+    cuda::DeviceProblem d;
+    cuda::DeviceBytes out_graph, out_eager;
+    std::optional<CapturedGraph> graph;
+  };
+  std::vector<std::unique_ptr<Bucket>> buckets;
+  for (int batch : {4, 2}) {  // any order: the family's range holds the bound of every bucket
+    std::vector<std::int32_t> lens;
+    for (int i = 0; i < batch; ++i) lens.push_back(3 + 2 * i);
+    DecodeProblem p = make_problem(cfg, lens, 97 + batch, Picks::last8, kMaxLen);
+    auto d = cuda::upload(p);
+    const std::size_t n_out = std::size_t(batch) * cfg.heads * kHeadDim;
+    auto bk = std::make_unique<Bucket>(
+        Bucket{batch, std::move(p), std::move(d), cuda::device_alloc(n_out * 2), cuda::device_alloc(n_out * 2), {}});
+    Bucket& k = *bk;
+    auto* og = reinterpret_cast<std::uint16_t*>(k.out_graph.get());
+    Bindings b = syms.bind(batch, cfg, lens);
+    k.graph.emplace(capture(arena, dev.s, b, [&, og](const Bindings& bb) { gd.run(dev.s, k.d, bb, og); },
+                            CaptureOptions{.family = fam}));
+    REQUIRE(k.graph->virtual_stats().virtual_mode);
+    CHECK(k.graph->plan().findings().empty());
+    buckets.push_back(std::move(bk));
+  }
+  CHECK(fam.graphs() == 2);
+  // One address range, one mapping: the graphs' stats see the same family.
+  CHECK(buckets[0]->graph->virtual_stats().va_bytes == buckets[1]->graph->virtual_stats().va_bytes);
+  for (int len : {16, 200, 1024, 2047}) {
+    for (auto& bk : buckets) {  // alternate buckets, as an engine does when the batch changes
+      Bucket& k = *bk;
+      INFO("batch " << k.batch << ", lengths from " << len);
+      std::vector<std::int32_t> lens;
+      for (int i = 0; i < k.batch; ++i) lens.push_back(std::min(kMaxLen, len + i));
+      grow(k.p, lens, 5 + len, Picks::last8);
+      cuda::upload_lengths(k.d, k.p, dev.s);
+      const Bindings b = syms.bind(k.batch, cfg, lens);
+      const std::size_t n_out = std::size_t(k.batch) * cfg.heads * kHeadDim;
+      auto* og = reinterpret_cast<std::uint16_t*>(k.out_graph.get());
+      auto* oe = reinterpret_cast<std::uint16_t*>(k.out_eager.get());
+      GRAPHSAFE_CUDA(cudaMemsetAsync(og, 0xFF, n_out * 2, dev.s));
+      k.graph->replay(b, dev.s);
+      gd.run(dev.s, k.d, b, oe);
+      const auto hg = download(og, n_out, dev.s);
+      const auto he = download(oe, n_out, dev.s);
+      CHECK(std::memcmp(hg.data(), he.data(), n_out * 2) == 0);
+      const auto vs = k.graph->virtual_stats(&b);
+      CHECK(vs.committed_bytes >= vs.granule_need_bytes);
+      CHECK(vs.committed_bytes == arena.committed_bytes());  // the family's one mapping
+    }
+  }
+  // The family outlives one of its graphs: the other still replays (its mapping is kept).
+  const auto committed = arena.committed_bytes();
+  buckets[0]->graph.reset();
+  CHECK(fam.graphs() == 1);
+  CHECK(arena.committed_bytes() == committed);
+  Bucket& k = *buckets[1];
+  const Bindings b = syms.bind(k.batch, cfg, k.p.seq_lens);
+  k.graph->replay(b, dev.s);
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(dev.s));
+  GRAPHSAFE_CUDA(cudaGetLastError());
+  buckets[1]->graph.reset();  // the family's last graph: its chunks go back to the pool
+  CHECK(arena.committed_bytes() == 0);
 }
