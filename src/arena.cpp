@@ -28,7 +28,106 @@ void bad_byte_count(std::int64_t count, std::uint64_t element_bytes, std::string
                        std::to_string(element_bytes) + " bytes, which overflows 64-bit byte counts; check the extent");
 }
 
+// ---- deferred releases: one parked block per thread and arena -----------------------------------
+
+std::mutex& deferred_registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+namespace {
+// The slots this thread owns; at thread exit each parked block goes back to its (live) arena.
+struct ThreadSlots {
+  std::vector<std::pair<std::uint64_t, std::shared_ptr<DeferredSlot>>> slots;
+  ~ThreadSlots();
+};
+thread_local ThreadSlots thread_slots;
+// The slot of the arena this thread used last (trivially destructible: no TLS guard on the hot path).
+thread_local std::uint64_t last_arena_id = 0;
+thread_local DeferredSlot* last_slot = nullptr;
+// Set once thread_slots is destroyed: a workspace that dies later in the thread's exit (a
+// thread_local one) releases under the lock.
+thread_local bool thread_exiting = false;
+
+ThreadSlots::~ThreadSlots() {
+  thread_exiting = true;
+  last_arena_id = 0;
+  last_slot = nullptr;
+  std::lock_guard g(deferred_registry_mutex());  // the arena cannot die meanwhile (its destructor takes it)
+  for (auto& [id, s] : slots)
+    if (s->core) s->core->detach_slot(*s);
+}
+}  // namespace
+
+std::uint64_t ArenaCore::next_id() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+inline DeferredSlot* ArenaCore::my_slot() noexcept {
+  if (last_arena_id == id) [[likely]] return last_slot;
+  return my_slot_slow();
+}
+
+DeferredSlot* ArenaCore::my_slot_slow() noexcept {
+  if (thread_exiting) return nullptr;
+  try {
+    auto& mine = thread_slots.slots;
+    auto it = std::find_if(mine.begin(), mine.end(), [&](const auto& e) { return e.first == id; });
+    if (it == mine.end()) {
+      {
+        // Drop the slots of arenas that died (their ids are never reused).
+        std::lock_guard g(deferred_registry_mutex());
+        std::erase_if(mine, [](const auto& e) { return e.second->core == nullptr; });
+      }
+      mine.reserve(mine.size() + 1);  // nothing below throws once the slot is registered
+      auto slot = std::make_shared<DeferredSlot>();
+      slot->core = this;
+      {
+        std::lock_guard g(lock);
+        deferred_slots.push_back(slot);
+      }
+      mine.emplace_back(id, std::move(slot));
+      it = std::prev(mine.end());
+    }
+    last_arena_id = id;
+    last_slot = it->second.get();
+    return last_slot;
+  } catch (...) {
+    return nullptr;  // no memory for a slot: release under the lock
+  }
+}
+
+void ArenaCore::finish_release(Block* b) {
+  eager_bytes -= b->size;
+  --eager_blocks;
+  fl.release_eager(b, b->stream);
+}
+
+void ArenaCore::collect_deferred() {
+  for (const auto& s : deferred_slots)
+    if (Block* b = s->pending.load(std::memory_order_acquire)) {
+      s->pending.store(nullptr, std::memory_order_relaxed);
+      finish_release(b);
+    }
+}
+
+void ArenaCore::detach_slot(DeferredSlot& s) noexcept {
+  std::lock_guard g(lock);
+  if (Block* b = s.pending.load(std::memory_order_acquire)) {
+    s.pending.store(nullptr, std::memory_order_relaxed);
+    finish_release(b);
+  }
+  std::erase_if(deferred_slots, [&](const auto& p) { return p.get() == &s; });
+  s.core = nullptr;
+}
+
 ArenaCore::~ArenaCore() {
+  {
+    // Threads that still own a slot here drop it when they next look (or exit).
+    std::lock_guard g(deferred_registry_mutex());
+    for (const auto& s : deferred_slots) s->core = nullptr;
+  }
   // Slabs go back to the backend. Graphs and sessions hold the core alive, so none remain here;
   // eager workspaces must not outlive their arena (documented on Workspace).
   std::vector<std::pair<std::uintptr_t, std::uint64_t>> slabs;
@@ -71,10 +170,21 @@ void* ArenaCore::new_slab(std::uint64_t bytes, Stream s) {
 
 Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
   Block* b;
+  DeferredSlot* slot = my_slot();
   {
     std::lock_guard g(lock);
+    // This thread's parked release goes back first (one lock for the release and this request).
+    if (Block* d = slot ? slot->pending.load(std::memory_order_acquire) : nullptr) {
+      slot->pending.store(nullptr, std::memory_order_relaxed);
+      finish_release(d);
+    }
     // A block of this size released on this stream (the serving loop's steady state), else best fit.
     b = fl.take_cached(bytes, s.handle(), index);
+    if (!b && deferred_slots.size() > 1) {
+      // Nothing cached for us: other threads' parked releases may hold the best fit.
+      collect_deferred();
+      b = fl.take_cached(bytes, s.handle(), index);
+    }
     if (b) {
       eager_bytes += b->size;
       ++eager_blocks;
@@ -262,11 +372,20 @@ void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
 void ArenaCore::release(Workspace& w) noexcept {
   if (w.captured_ || !w.block_) return;
   auto* b = static_cast<Block*>(w.block_);
-  if (opts.debug) [[unlikely]] debug_eager_released(b->addr, w.stream_);
+  b->stream = w.stream_;  // the block is still this workspace's: nobody else reads it until it is back
+  if (opts.debug) [[unlikely]] {
+    debug_eager_released(b->addr, w.stream_);
+  } else {
+    // Park it in this thread's slot when that is empty: no lock. The next request of this thread
+    // (or anyone needing the whole free state) puts it back under the lock it takes anyway.
+    DeferredSlot* slot = my_slot();
+    if (slot && !slot->pending.load(std::memory_order_relaxed)) {
+      slot->pending.store(b, std::memory_order_release);
+      return;
+    }
+  }
   std::lock_guard g(lock);
-  eager_bytes -= b->size;
-  --eager_blocks;
-  fl.release_eager(b, w.stream_);
+  finish_release(b);
 }
 
 void ArenaCore::reserve(std::uint64_t bytes, Stream s) {
@@ -280,6 +399,7 @@ void ArenaCore::reserve(std::uint64_t bytes, Stream s) {
                               "would not be part of the graph)");
   {
     std::lock_guard g(lock);
+    collect_deferred();
     fl.flush_cache();
     if (fl.largest_free() >= bytes) return;
   }
@@ -297,6 +417,7 @@ void ArenaCore::make_free_blocks_ready(Stream s) {
   std::vector<void*> streams{s.handle()};
   {
     std::lock_guard g(lock);
+    collect_deferred();
     fl.flush_cache();  // cached blocks are free blocks with a release stream too
     fl.for_each_block([&](const Slab&, const Block& b) {
       if (b.state == BlockState::free && b.stream &&
@@ -337,6 +458,7 @@ void ArenaCore::begin_session(SessionState& st) {
   bool nothing_free;
   {
     std::lock_guard g(lock);
+    collect_deferred();
     fl.flush_cache();  // the capture wants coalesced ranges (the largest block, the block after a region)
     // Refuse a second capture of the family before growing: a refused call changes nothing.
     if (st.family->capturing)
@@ -493,6 +615,7 @@ void Arena::trim(Stream s) { core_->trim(s); }
 ArenaStats Arena::stats() const {
   std::lock_guard g(core_->lock);
   // Report the coalesced state: cached blocks (released, not yet coalesced) are free memory.
+  core_->collect_deferred();
   core_->fl.flush_cache();
   ArenaStats st;
   st.slab_bytes = core_->fl.slab_bytes();

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <source_location>
 #include <unordered_map>
 #include <string>
@@ -65,6 +66,16 @@ struct Family {
   GraphState* nvtx_owner = nullptr;      // graph whose workspaces are registered with NVTX
 };
 
+// One eager release parked per thread and arena (the lock-free half of a request/release pair).
+// Only the owning thread stores a block, and only into an empty slot; whoever holds the arena's
+// lock may take the block out (and store nullptr). So neither side needs an atomic read-modify-write:
+// the owner's store is a plain release store, the taker's a plain store under the lock.
+struct DeferredSlot {
+  std::atomic<Block*> pending{nullptr};  // released by its owner, not yet back in the free list
+  ArenaCore* core = nullptr;             // under deferred_registry_mutex(); nullptr once the arena died
+};
+std::mutex& deferred_registry_mutex();
+
 struct SessionState {
   std::shared_ptr<ArenaCore> core;
   Stream stream{static_cast<cudaStream_t>(nullptr)};
@@ -115,7 +126,7 @@ void debug_graph_destroyed(GraphState& g) noexcept;
 
 class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
  public:
-  ArenaCore(Backend& b, ArenaOptions o) : backend(b), opts(o) {
+  ArenaCore(Backend& b, ArenaOptions o) : backend(b), opts(o), id(next_id()) {
     if (opts.debug) {
       opts.always_check_capture = true;
       guard_bytes = opts.canary_bytes;
@@ -129,6 +140,8 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   mutable SpinLock lock;
   FreeList fl;
   std::atomic<int> active_sessions{0};
+  const std::uint64_t id;  // unique over the process: keys the threads' deferred-release slots
+  std::vector<std::shared_ptr<DeferredSlot>> deferred_slots;  // under lock
   std::vector<SessionState*> sessions;  // under lock
   std::uint64_t eager_bytes = 0;
   std::uint64_t eager_blocks = 0;
@@ -166,6 +179,12 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   void release(Workspace& w) noexcept;
   void reserve(std::uint64_t bytes, Stream s);
   void trim(Stream s);
+  // Under lock: put every thread's parked release back into the free list (its cache). Done
+  // wherever the whole free state matters (stats, reserve, trim, capture, a request that found
+  // nothing), so a parked block is never lost to anyone but the one thread that would reuse it.
+  void collect_deferred();
+  // A thread that owns a slot exits: its parked block goes back and the slot is dropped.
+  void detach_slot(DeferredSlot& s) noexcept;
   // Wait for the (non-capturing) streams that released free blocks, then coalesce across them.
   void make_free_blocks_ready(Stream s);
 
@@ -183,6 +202,12 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   void debug_captured_request(SessionState& st, const PlanEntry& e);
 
  private:
+  static std::uint64_t next_id();
+  // This thread's slot in this arena (created on first use); nullptr when none can be had (no
+  // memory for one, or the thread is exiting): the caller then releases under the lock.
+  DeferredSlot* my_slot() noexcept;
+  DeferredSlot* my_slot_slow() noexcept;
+  void finish_release(Block* b);    // under lock: a released eager block goes back
   Block* take_eager(std::uint64_t bytes, Stream s, bool index = false);
   void* new_slab(std::uint64_t bytes, Stream s);  // backend slab (synchronized in debug mode)
   std::uint64_t place_in_capture(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,

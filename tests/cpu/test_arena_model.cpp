@@ -15,7 +15,10 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <condition_variable>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -873,6 +876,13 @@ TEST_CASE("arena: out of memory from a capped backend, the arena keeps serving w
 }
 
 namespace {
+// A thread's last release waits in its slot until its next request; put it in the free list's cache
+// (as stats() would, without flushing the cache) so the tests can look at the cache.
+void settle(Arena& a) {
+  std::lock_guard g(a.core().lock);
+  a.core().collect_deferred();
+}
+
 // Host backend that counts the cross-stream orderings the arena asks for.
 class CountingBackend final : public Backend {
  public:
@@ -905,6 +915,7 @@ TEST_CASE("arena: a released block is re-served by size and stream, without orde
     auto b = arena.request(s1, "b", 5000, 1, capacity_bound, none);
     first = a.data();
   }  // both released on s1: cached, not coalesced yet
+  settle(arena);
   CHECK(arena.core().fl.cached_blocks() == 2);
   CHECK(arena.core().fl.validate().empty());
   {
@@ -923,6 +934,7 @@ TEST_CASE("arena: a released block is re-served by size and stream, without orde
   CHECK(walk(arena).fully_free_slabs == 1);
   // A block cached on s1 is not served to s2 from the cache (it would need ordering): s2 gets best fit.
   { auto a = arena.request(s1, "a", 3000, 1, capacity_bound, none); }
+  settle(arena);
   CHECK(arena.core().fl.cached_blocks() == 1);
   {
     auto c = arena.request(s2, "c", 3000, 1, capacity_bound, none);
@@ -943,6 +955,7 @@ TEST_CASE("arena: cached blocks never make the arena grow or a capture fail", "[
     auto a = arena.request(s, "a", Extent(static_cast<std::int64_t>(kMiB / 2)), 1, capacity_bound, none);
     auto b = arena.request(s, "b", Extent(static_cast<std::int64_t>(kMiB / 2 - 512)), 1, capacity_bound, none);
   }
+  settle(arena);
   CHECK(arena.core().fl.cached_blocks() == 2);
   // No free block fits 2 MiB until the cached halves coalesce: the miss flushes the cache.
   {
@@ -952,6 +965,7 @@ TEST_CASE("arena: cached blocks never make the arena grow or a capture fail", "[
   CHECK(backend.slab_allocations() == 1);
   // A capture takes the largest (coalesced) block even when the last releases were cached.
   { auto a = arena.request(s, "a", 4096, 1, capacity_bound, none); }
+  settle(arena);
   CHECK(arena.core().fl.cached_blocks() == 1);
   auto g = capture(arena, s, none, [&](const Bindings& bb) {
     auto w = arena.request(s, "w", Extent(static_cast<std::int64_t>(2 * kMiB - 256)), 1, capacity_bound, bb);
@@ -982,6 +996,51 @@ TEST_CASE("arena: raw blocks stay indexed while cached; double release is still 
     CHECK_THROWS_WITH(arena.deallocate(s, p, 1000), Contains("double release"));
   }
   CHECK(arena.core().fl.validate().empty());
+  const ArenaStats st = arena.stats();
+  CHECK(st.free_bytes == st.slab_bytes);
+  CHECK(arena.core().fl.validate().empty());
+}
+
+TEST_CASE("arena: a release parked in another thread's slot is never lost", "[arena][cache][concurrency]") {
+  HostBackend backend;
+  Arena arena(backend, ArenaOptions{.grow_on_demand = false, .report_findings = false});
+  HostStream s;
+  arena.reserve(2 * kMiB, s);
+  const Bindings none;
+  const Extent whole(static_cast<std::int64_t>(2 * kMiB));
+  std::mutex m;
+  std::condition_variable cv;
+  bool parked = false, done = false;
+  std::thread t([&] {
+    { auto w = arena.request(s, "t", whole, 1, capacity_bound, none); }  // parked in t's slot
+    std::unique_lock l(m);
+    parked = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return done; });
+  });
+  {
+    std::unique_lock l(m);
+    cv.wait(l, [&] { return parked; });
+  }
+  // The whole slab waits in t's slot while t lives: another thread's request still gets it.
+  {
+    auto w = arena.request(s, "main", whole, 1, capacity_bound, none);
+    CHECK(w.bytes() == 2 * kMiB);
+  }
+  {
+    std::lock_guard l(m);
+    done = true;
+  }
+  cv.notify_all();
+  t.join();
+  // A thread that exits hands its parked release back.
+  std::thread u([&] { auto w = arena.request(s, "u", whole, 1, capacity_bound, none); });
+  u.join();
+  {
+    std::lock_guard g(arena.core().lock);
+    CHECK(arena.core().eager_blocks == 0);
+    CHECK(arena.core().deferred_slots.size() == 1);  // main's; t's and u's were dropped when they exited
+  }
   const ArenaStats st = arena.stats();
   CHECK(st.free_bytes == st.slab_bytes);
   CHECK(arena.core().fl.validate().empty());
