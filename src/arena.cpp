@@ -443,6 +443,7 @@ void ArenaCore::trim(Stream s) {
   std::vector<std::pair<std::uintptr_t, std::uint64_t>> slabs;
   {
     std::lock_guard g(lock);
+    collect_deferred();  // releases parked since make_free_blocks_ready (remove_free_slabs flushes the cache)
     slabs = fl.remove_free_slabs();
   }
   for (auto [addr, size] : slabs) {

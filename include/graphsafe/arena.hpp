@@ -6,7 +6,10 @@
 //   auto ws = arena.request(stream, "kv", rows * 512, sizeof(bf16), capacity_bound, bindings);
 //
 // Reserves slabs from the backend before capture (a dedicated cudaMemPool_t for CUDA) and serves
-// requests from them by best-fit with coalescing, 256-byte aligned, stream-ordered frees. Requests
+// requests from them by best-fit with coalescing, 256-byte aligned, stream-ordered frees. Eager
+// releases coalesce lazily: a released block is first offered to the next request of its exact
+// size on its stream (one arena lock per request/release pair); anything that needs the whole free
+// state -- a request no free block fits, reserve, trim, a capture, stats() -- coalesces first. Requests
 // on a stream that is capturing through graphsafe (CaptureSession / capture()) are sized by their
 // policy, recorded in the capture's plan and placed in the capture family's region, which stays
 // reserved for as long as a graph of the family lives. Growth adds a slab and never moves one, so
