@@ -200,23 +200,25 @@ void FreeList::release_eager(Block* b, void* stream) {
   assert(b->state == BlockState::used);
   // At most half of the slab bytes wait in the cache, so most of the arena stays coalesced.
   if (cached_blocks_ < kMaxCachedBlocks && cached_bytes_ + b->size <= slab_bytes_ / 2) {
-    for (std::size_t i = bin_of(b->size);; i = (i + 1) & (kCacheSlots - 1)) {
-      CacheBin& bin = bins_[i];
-      if (bin.size == 0) {
-        if (cache_sizes_ >= kMaxCacheSizes) break;
-        bin.size = b->size;
-        ++cache_sizes_;
-      } else if (bin.size != b->size) {
-        continue;
+    std::size_t i = bin_of(b->size);
+    while (bins_[i].size != 0 && bins_[i].size != b->size) i = (i + 1) & (kCacheSlots - 1);
+    if (bins_[i].size == 0) {
+      if (cache_sizes_ >= kMaxCacheSizes) {
+        // A new size and every bin claimed: the working set moved on. Coalesce what is cached and
+        // start over (amortized: at most once per kMaxCacheSizes new sizes).
+        flush_cache_slow();
+        i = bin_of(b->size);
       }
-      b->stream = stream;
-      b->state = BlockState::cached;
-      b->next_spare = bin.head;
-      bin.head = b;
-      ++cached_blocks_;
-      cached_bytes_ += b->size;
-      return;
+      bins_[i].size = b->size;
+      ++cache_sizes_;
     }
+    b->stream = stream;
+    b->state = BlockState::cached;
+    b->next_spare = bins_[i].head;
+    bins_[i].head = b;
+    ++cached_blocks_;
+    cached_bytes_ += b->size;
+    return;
   }
   if (b->indexed) unindex_used(b);
   give_back(b, stream);

@@ -1045,3 +1045,28 @@ TEST_CASE("arena: a release parked in another thread's slot is never lost", "[ar
   CHECK(st.free_bytes == st.slab_bytes);
   CHECK(arena.core().fl.validate().empty());
 }
+
+TEST_CASE("arena: the cache follows a moving working set of sizes", "[arena][cache]") {
+  HostBackend backend;
+  Arena arena(backend, ArenaOptions{.report_findings = false});
+  HostStream s;
+  arena.reserve(64 * kMiB, s);
+  const Bindings none;
+  for (int round = 0; round < 3; ++round)
+    for (std::int64_t k = 1; k <= 300; ++k) {  // 300 distinct sizes per round, each requested twice
+      void* first;
+      {
+        auto w = arena.request(s, "w", Extent(k * 256 + 1000 * round), 1, capacity_bound, none);
+        first = w.data();
+      }
+      auto again = arena.request(s, "w", Extent(k * 256 + 1000 * round), 1, capacity_bound, none);
+      CHECK(again.data() == first);
+    }
+  settle(arena);
+  CHECK(arena.core().fl.cached_blocks() <= 128);
+  CHECK(arena.core().fl.validate().empty());
+  const ArenaStats st = arena.stats();
+  CHECK(st.free_bytes == st.slab_bytes);
+  CHECK(arena.core().fl.free_blocks() == 1);
+  CHECK(backend.slab_allocations() == 1);
+}
