@@ -91,6 +91,7 @@ struct KParams {
   const std::int32_t *idx, *lens;
   int width;
   int cluster;       // wgmma kernel: 1 = the splits of a (request, head group) form a cluster
+  int probe;         // ws kernel, diagnostics only (GRAPHSAFE_DS4_WS_PROBE): 1 no row loads, 2 no MMA, 3 both
 };
 
 template <bool kPaged>
@@ -797,6 +798,17 @@ __global__ void __launch_bounds__(kWgThreads, 1) sparse_attention_wgmma_kernel(c
 // bf16 P, base-2 online softmax); the split merge has the same arithmetic in split order.
 constexpr int kWsThreads = 384;
 constexpr int kWsConsumers = 256;
+// Registers per thread after setmaxnreg: the CTA holds 384 x 168; the producer gives back what the
+// consumers (O = 128 fp32 accumulators each) take: 128 x (168 - P) = 256 x (C - 168).
+#ifndef GRAPHSAFE_WS_CONSUMER_REGS
+#define GRAPHSAFE_WS_CONSUMER_REGS 176
+#endif
+#ifndef GRAPHSAFE_WS_BATCHES
+#define GRAPHSAFE_WS_BATCHES 1
+#endif
+constexpr int kWsConsumerRegs = GRAPHSAFE_WS_CONSUMER_REGS;
+constexpr int kWsProducerRegs = 168 - 2 * (kWsConsumerRegs - 168);
+static_assert(kWsProducerRegs >= 24 && kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0, "setmaxnreg counts");
 constexpr int kWsMiscBytes = (2 + 2) * 64 * 4 + 2 * 64 * 4 + 2 * 2 * 64 * 8;  // red, lsum, vld, row ptrs
 constexpr int kWsSmemBytes = kWgQBytes + 2 * kWgKBytes + kWgPBytes + kWsMiscBytes;
 static_assert(kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem over the sm_90 limit");
@@ -868,7 +880,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
 
   if (c == 2) {
     // ================================ producer ================================
-    setmaxnreg_dec<112>();  // give the consumers' O accumulators room (2 x 128 x 200 + 128 x 112 = 64K)
+    setmaxnreg_dec<kWsProducerRegs>();  // frees 128 x (168 - P) = 256 x (C - 168) for the consumers
     const int ptid = tid - kWsConsumers;
     auto fetch_slot = [&](int t) -> long long {  // slot of row ptid of tile t; -1: no row
       const int i = t * kTileRows + ptid;
@@ -910,13 +922,16 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         for (int line = 0; line < 8; ++line) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + line * 128));
       }
     };
-    long long slot_cur = fetch_slot(t_begin);
+    // Slots are fetched two tiles ahead and their rows prefetched into L2 then, so the tile's own
+    // loads (all 18 chunks per thread in flight at once) are L2 hits.
+    long long slot_cur = fetch_slot(t_begin), slot_nxt = fetch_slot(t_begin + 1);
+    l2_prefetch(t_begin + 1, slot_nxt);
     for (int j = 0; j < n; ++j) {
       const int t = t_begin + j, st = j & 1;
-      const long long slot_nxt = fetch_slot(t + 1);
+      const long long slot_n2 = fetch_slot(t + 2);
       if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
       if (ptid < kTileRows) publish_row(t, st, slot_cur);
-      l2_prefetch(t + 1, slot_nxt);
+      l2_prefetch(t + 2, slot_n2);
       bar_sync(kBarProd, 128);
       std::uint8_t* kt = Ks + st * kWgKBytes;
       const std::uint8_t* const* rd = rowd + st * 64;
@@ -927,9 +942,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       if constexpr (kPaged) {
         // 64 rows x 36 chunks of 16 B (28 fp8 chunks of 16 values, 8 bf16 rope chunks); item i:
         // rows 8*(i/8/36) + i%8 (8 lanes = 8 rows: conflict-free 128-B smem stores), chunk (i/8)%36.
-        // Two batches of 9 items each (the producer has 112 registers: all 18 loads in flight spill).
         constexpr int kItems = kTileRows * 36 / 128;  // 18
-        constexpr int kBatch = kItems / 2;
+        constexpr int kBatch = kItems / GRAPHSAFE_WS_BATCHES;
 #pragma unroll
         for (int k0 = 0; k0 < kItems; k0 += kBatch) {
           uint4 w[kBatch];
@@ -940,7 +954,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
             const std::uint8_t* d = rd[r];
             w[k] = make_uint4(0, 0, 0, 0);
             scb[k] = 0;
-            if (d != nullptr) {
+            if (d != nullptr && !(p.probe & 1)) {
               w[k] = __ldg(reinterpret_cast<const uint4*>(d + ch * 16));
               if (ch < 28) scb[k] = __ldg(rows[st * 64 + r] + (ch >> 2));
             }
@@ -963,24 +977,31 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
           }
         }
       } else {
-        // 64 rows x 64 chunks of 16 B, straight into the canonical layout.
-#pragma unroll 8
-        for (int k = 0; k < kTileRows * 64 / 128; ++k) {
-          const int i = pt + 128 * k, kc = (i >> 3) & 63, r = (i >> 9) * 8 + (i & 7);
-          const std::uint8_t* d = rd[r];
-          cp_async16(kt + blk16(r, kc), d != nullptr ? static_cast<const void*>(d + kc * 16) : static_cast<const void*>(p.ws), d != nullptr);
+        // 64 rows x 64 chunks of 16 B, straight into the canonical layout (two batches of 16 loads).
+#pragma unroll
+        for (int k0 = 0; k0 < kTileRows * 64 / 128; k0 += 16) {
+          uint4 v[16];
+#pragma unroll
+          for (int k = 0; k < 16; ++k) {
+            const int i = pt + 128 * (k0 + k), kc = (i >> 3) & 63, r = (i >> 9) * 8 + (i & 7);
+            const std::uint8_t* d = rd[r];
+            v[k] = d != nullptr && !(p.probe & 1) ? __ldg(reinterpret_cast<const uint4*>(d + kc * 16)) : make_uint4(0, 0, 0, 0);
+          }
+#pragma unroll
+          for (int k = 0; k < 16; ++k) {
+            const int i = pt + 128 * (k0 + k), kc = (i >> 3) & 63, r = (i >> 9) * 8 + (i & 7);
+            *reinterpret_cast<uint4*>(kt + blk16(r, kc)) = v[k];
+          }
         }
-        cp_async_commit();
-        cp_async_wait<0>();
       }
       fence_proxy_async();
       bar_arrive(kBarFull0 + st, kWsThreads);
       slot_cur = slot_nxt;
+      slot_nxt = slot_n2;
     }
     // The producer never rejoins the consumers' code (its register budget is smaller): it takes
     // part in the cluster merge's barriers here and leaves.
-    if (p.cluster) {
-      __syncthreads();
+    if (p.cluster) {  // barriers A and B of the merge
       cg::this_cluster().sync();
       cg::this_cluster().sync();
     }
@@ -988,20 +1009,20 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   }
   {
     // ================================ consumers ================================
-    setmaxnreg_inc<200>();
+    setmaxnreg_inc<kWsConsumerRegs>();
 #pragma unroll
     for (int e = 0; e < 128; ++e) o[e] = 0.f;
     if (n > 0) {
       // Q -> canonical layout: consumer warp cw loads heads 8*cw + lane%8, chunks lane/8 + 4i.
       const int h = warp * 8 + (lane & 7);
       const std::uint16_t* qrow = p.q + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim;
+      // Plain loads + st.shared (no cp.async: every shared-memory write of this kernel is then an
+      // ordinary store, which compute-sanitizer racecheck orders across the cluster barriers).
+      uint4 qv[16];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int kc = (lane >> 3) + 4 * i;
-        cp_async16(Qs + blk16(h, kc), qrow + kc * 8, true);
-      }
-      cp_async_commit();
-      cp_async_wait<0>();
+      for (int i = 0; i < 16; ++i) qv[i] = __ldg(reinterpret_cast<const uint4*>(qrow + ((lane >> 3) + 4 * i) * 8));
+#pragma unroll
+      for (int i = 0; i < 16; ++i) *reinterpret_cast<uint4*>(Qs + blk16(h, (lane >> 3) + 4 * i)) = qv[i];
       fence_proxy_async();
       bar_sync(kBarP, kWsConsumers);
     }
@@ -1021,7 +1042,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          wgmma_m64n32k16(sacc, q_desc, k_desc, kk > 0 ? 1 : 0);
+          if (!(p.probe & 2)) wgmma_m64n32k16(sacc, q_desc, k_desc, kk > 0 ? 1 : 0);
           q_desc = launder(q_desc + 16);
           k_desc = launder(k_desc + 16);
         }
@@ -1086,7 +1107,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < kTileRows / 16; ++ks)
-          wgmma_m64n256k16_tb(o, p_desc + ks * 16, v_desc + ks * ((2 * kWgRowSbo) >> 4), 1);
+          if (!(p.probe & 2)) wgmma_m64n256k16_tb(o, p_desc + ks * 16, v_desc + ks * ((2 * kWgRowSbo) >> 4), 1);
         wgmma_commit();
         wgmma_wait<0>();
       }
@@ -1105,58 +1126,62 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   }
 
   if (p.cluster) {
-    // Split-K merge inside the cluster (the splits of one (request, head group)). Heads are dealt
-    // to ranks by consumer warp (2 ranks: warps 0-1 / 2-3 of each consumer warpgroup; 4 ranks: one
-    // warp each; otherwise rank 0 merges all): every rank parks in its own shared memory what the
-    // others merge, and the owners read it over DSMEM, ranks in split order (the combine kernel's
+    // Split-K merge inside the cluster (the splits of one (request, head group); launch() uses a
+    // cluster only for 2 or 4 splits). Heads are dealt to ranks by consumer warp (2 ranks: warps
+    // 0-1 / 2-3 of each consumer warpgroup; 4 ranks: one warp each). After barrier A (every rank
+    // is done with its Q / K area, which becomes the receive area) each thread pushes its O and
+    // (m, l) into the owner's shared memory (remote stores: no round trips), barrier B, then the
+    // owners merge from local shared memory, ranks in split order (combine_splits_kernel's
     // arithmetic). No global scratch, no second kernel.
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = static_cast<int>(cluster.block_rank());
     const int nr = static_cast<int>(cluster.num_blocks());
-    float4* park = reinterpret_cast<float4*>(smem);  // [32][256] float4 = 128 KB (Q + K area)
-    float* ml = reinterpret_cast<float*>(vld);       // [64][2] (m, l): the vld + row pointer area
-    __syncthreads();  // consumers are done with Q / K / lsum, the producer with vld / row pointers
-    const int owner = (nr == 2 || nr == 4) ? (w4 * nr) / 4 : 0;
+    const int per = 4 / nr;                                          // warps per warpgroup per owner
+    const int owner = w4 / per;
+    const int nthr = kWsConsumers / nr;                              // threads per owner
+    const int li = c * (per * 32) + (w4 % per) * 32 + lane;           // index among them
+    float4* recv = reinterpret_cast<float4*>(smem);                  // [nr-1][32][nthr]: <= 96 KB
+    float* mlr = reinterpret_cast<float*>(smem + 160 * 1024);        // [nr][64][2]
+    cluster.sync();  // A
     if (owner != rank) {
+      float4* dst = cluster.map_shared_rank(recv, owner) + (rank < owner ? rank : rank - 1) * 32 * nthr + li;
 #pragma unroll
-      for (int e = 0; e < 32; ++e)
-        park[e * kWsConsumers + tid] = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
+      for (int e = 0; e < 32; ++e) dst[e * nthr] = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
     }
     if (c == 0 && (lane & 3) == 0) {
+      float* dml = cluster.map_shared_rank(mlr, owner) + rank * 128;
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj) { ml[hrow[jj] * 2] = m[jj]; ml[hrow[jj] * 2 + 1] = l[jj]; }
+      for (int jj = 0; jj < 2; ++jj) { dml[hrow[jj] * 2] = m[jj]; dml[hrow[jj] * 2 + 1] = l[jj]; }
     }
-    cluster.sync();
+    cluster.sync();  // B: the pushes landed
     if (owner == rank) {
-      // Per rank: weight exp2(m_r - M) where l_r > 0, else the rank is skipped.
-      float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.f, 0.f}, w[8][2];
-      for (int r = 0; r < nr; ++r) {
-        const float* rml = cluster.map_shared_rank(ml, r);
+      float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.f, 0.f}, w[4][2];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (r >= nr) break;
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj)
-          if (rml[hrow[jj] * 2 + 1] > 0.f) M[jj] = fmaxf(M[jj], rml[hrow[jj] * 2]);
+          if (mlr[r * 128 + hrow[jj] * 2 + 1] > 0.f) M[jj] = fmaxf(M[jj], mlr[r * 128 + hrow[jj] * 2]);
       }
 #pragma unroll
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < 4; ++r) {
         if (r >= nr) break;
-        const float* rml = cluster.map_shared_rank(ml, r);
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
-          const float lr = rml[hrow[jj] * 2 + 1];
-          w[r][jj] = lr > 0.f ? exp2f(rml[hrow[jj] * 2] - M[jj]) : 0.f;
+          const float lr = mlr[r * 128 + hrow[jj] * 2 + 1];
+          w[r][jj] = lr > 0.f ? exp2f(mlr[r * 128 + hrow[jj] * 2] - M[jj]) : 0.f;
           if (lr > 0.f) L[jj] = __fmaf_rn(lr, w[r][jj], L[jj]);
         }
       }
-      // acc = sum over ranks in order of O_r * w_r (own O from registers): combine_splits_kernel's
-      // arithmetic, element by element so the result overwrites o in place.
+      // acc = sum over ranks in order of O_r * w_r, element by element so it overwrites o in place.
 #pragma unroll
       for (int e = 0; e < 32; ++e) {
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int r = 0; r < 8; ++r) {
+        for (int r = 0; r < 4; ++r) {
           if (r >= nr) break;
           const float4 v = r == rank ? make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3])
-                                     : cluster.map_shared_rank(park, r)[e * kWsConsumers + tid];
+                                     : recv[((r < rank ? r : r - 1) * 32 + e) * nthr + li];
           if (w[r][0] > 0.f) { a.x = __fmaf_rn(v.x, w[r][0], a.x); a.y = __fmaf_rn(v.y, w[r][0], a.y); }
           if (w[r][1] > 0.f) { a.z = __fmaf_rn(v.z, w[r][1], a.z); a.w = __fmaf_rn(v.w, w[r][1], a.w); }
         }
@@ -1173,7 +1198,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
           *reinterpret_cast<std::uint32_t*>(orow + nb * 8) = pack_bf16x2(o[4 * nb + 2 * jj] * inv, o[4 * nb + 2 * jj + 1] * inv);
       }
     }
-    cluster.sync();  // keep every rank's shared memory alive until the owners have read it
     return;
   }
 
@@ -1316,6 +1340,11 @@ void launch(KParams& kp, const AttentionCommon& c, cudaStream_t stream, const ch
                    ? static_cast<float*>(c.scratch) + static_cast<std::size_t>(c.batch) * c.splits * c.heads * kHeadDim
                    : nullptr;
   set_smem_attribute<kPaged>();
+  static const int probe = [] {
+    const char* e = std::getenv("GRAPHSAFE_DS4_WS_PROBE");
+    return e != nullptr ? std::atoi(e) & 3 : 0;
+  }();
+  kp.probe = probe;
   const dim3 grid(c.splits, c.batch, c.heads / kGroupHeads);
   kp.cluster = 0;
   if (use_wgmma()) {
@@ -1323,7 +1352,10 @@ void launch(KParams& kp, const AttentionCommon& c, cudaStream_t stream, const ch
     const auto kernel = ws ? sparse_attention_ws_kernel<kPaged> : sparse_attention_wgmma_kernel<kPaged>;
     const unsigned threads = ws ? kWsThreads : kWgThreads;
     const int smem = ws ? kWsSmemBytes : wg_smem_bytes<kPaged>();
-    if (c.splits > 1 && c.splits <= 8 && use_cluster()) {
+    // The ws kernel merges in a cluster for 2 or 4 splits (heads dealt evenly to the ranks); the
+    // lockstep kernel for 2..8 (rank 0 merges). Other split counts: scratch + combine kernel.
+    const bool cluster_ok = ws ? (c.splits == 2 || c.splits == 4) : (c.splits > 1 && c.splits <= 8);
+    if (cluster_ok && use_cluster()) {
       // The splits of one (request, head group) form a cluster and merge over DSMEM (no scratch
       // traffic, no second kernel). If the device refuses the cluster shape, fall back for good.
       cudaLaunchConfig_t cfg{};
