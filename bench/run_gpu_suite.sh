@@ -8,7 +8,7 @@
 #   OUT=/tmp/out bash bench/run_gpu_suite.sh
 #
 # Knobs (environment): BUILD_DIR (build), JOBS (16), SANITIZER_TIMEOUT (s per run, 110),
-# BENCH_TIMEOUT (s per benchmark, 180), GRAPHSAFE_TEST_CYCLES under the sanitizers (100),
+# BENCH_TIMEOUT (s per benchmark, 180), GRAPHSAFE_RELIABILITY_CYCLES (soak cycles) under the sanitizers (SAN_CYCLES, 100),
 # STAGES (words among: build ctest sanitize bench; default all of them), SANITIZE_FILTER (regex on
 # test executable names, default all), SANITIZE_TOOLS (memcheck racecheck initcheck synccheck),
 # SANITIZE_JOBS (sanitizer processes at once, 4).
@@ -120,7 +120,7 @@ else
     local tool=$1 exe=$2 name log rc
     name=$(basename "$exe")
     log="$OUT/$name.$tool.log"
-    GRAPHSAFE_TEST_CYCLES=$SAN_CYCLES timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+    GRAPHSAFE_RELIABILITY_CYCLES=$SAN_CYCLES timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
       "$exe" >"$log" 2>&1
     rc=$?
     local counts
