@@ -922,13 +922,16 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         for (int line = 0; line < 8; ++line) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + line * 128));
       }
     };
-    // Slots are fetched two tiles ahead and their rows prefetched into L2 then, so the tile's own
-    // loads (all 18 chunks per thread in flight at once) are L2 hits.
-    long long slot_cur = fetch_slot(t_begin), slot_nxt = fetch_slot(t_begin + 1);
+    // Slots are fetched three tiles ahead (used one iteration later: the index load's latency is
+    // never waited for inside an iteration), their rows prefetched into L2 two tiles ahead, so the
+    // tile's own loads (all 18 chunks per thread in flight at once) are L2 hits. Measured with
+    // GRAPHSAFE_DS4_WS_PROBE=3 (no row loads, no MMA): waiting for the index in the iteration that
+    // fetched it cost ~1 us per tile.
+    long long slot_cur = fetch_slot(t_begin), slot_nxt = fetch_slot(t_begin + 1), slot_n2 = fetch_slot(t_begin + 2);
     l2_prefetch(t_begin + 1, slot_nxt);
     for (int j = 0; j < n; ++j) {
       const int t = t_begin + j, st = j & 1;
-      const long long slot_n2 = fetch_slot(t + 2);
+      const long long slot_n3 = fetch_slot(t + 3);
       if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
       if (ptid < kTileRows) publish_row(t, st, slot_cur);
       l2_prefetch(t + 2, slot_n2);
@@ -998,6 +1001,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       bar_arrive(kBarFull0 + st, kWsThreads);
       slot_cur = slot_nxt;
       slot_nxt = slot_n2;
+      slot_n2 = slot_n3;
     }
     // The producer never rejoins the consumers' code (its register budget is smaller): it takes
     // part in the cluster merge's barriers here and leaves.
