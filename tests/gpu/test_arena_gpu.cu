@@ -34,7 +34,10 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_support.hpp"
+
 using namespace graphsafe;
+using namespace graphsafe_test;
 
 namespace {
 
@@ -104,54 +107,6 @@ std::vector<std::int64_t> expected(const std::vector<int>& lens) {
   }
   return e;
 }
-
-// ---- RAII for the test's own CUDA objects ------------------------------------------------------
-
-struct StreamHolder {
-  cudaStream_t s = nullptr;
-  StreamHolder() { GRAPHSAFE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~StreamHolder() {
-    cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
-  }
-  StreamHolder(const StreamHolder&) = delete;
-  StreamHolder& operator=(const StreamHolder&) = delete;
-};
-
-struct EventHolder {
-  cudaEvent_t e = nullptr;
-  EventHolder() { GRAPHSAFE_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
-  ~EventHolder() { cudaEventDestroy(e); }
-  EventHolder(const EventHolder&) = delete;
-  EventHolder& operator=(const EventHolder&) = delete;
-};
-
-template <class T>
-struct DevBuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit DevBuf(std::size_t count) : n(count) {
-    GRAPHSAFE_CUDA(cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(n, 1) * sizeof(T)));
-    GRAPHSAFE_CUDA(cudaMemset(p, 0, std::max<std::size_t>(n, 1) * sizeof(T)));
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  std::size_t bytes() const { return n * sizeof(T); }
-  void upload(const std::vector<T>& v, cudaStream_t s) {
-    REQUIRE(v.size() <= n);
-    GRAPHSAFE_CUDA(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s));
-    GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
-  }
-  std::vector<T> download(cudaStream_t s, std::size_t count) const {
-    std::vector<T> v(count);
-    GRAPHSAFE_CUDA(cudaMemcpyAsync(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost, s));
-    GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
-    return v;
-  }
-  std::vector<T> download(cudaStream_t s) const { return download(s, n); }
-  void fill_bytes(int byte, cudaStream_t s) { GRAPHSAFE_CUDA(cudaMemsetAsync(p, byte, bytes(), s)); }
-};
 
 // The seed's model: R requests, window W, seq_lens[b] <= kMaxLen.
 struct Model {

@@ -14,7 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_support.hpp"
+
 using namespace graphsafe;
+using namespace graphsafe_test;
 
 namespace {
 
@@ -48,35 +51,6 @@ __global__ void attend_kernel(const std::int64_t* ws, std::int64_t N, std::int64
   for (int c = threadIdx.x; c < n_c; c += blockDim.x) out[b * kOutW + c] = ws[b * M + c];
   for (int i = threadIdx.x; i < gb; i += blockDim.x) out[b * kOutW + n_c + i] = ws[b * M + N + i];
 }
-
-struct StreamHolder {
-  cudaStream_t s = nullptr;
-  StreamHolder() { GRAPHSAFE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~StreamHolder() {
-    cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
-  }
-  StreamHolder(const StreamHolder&) = delete;
-  StreamHolder& operator=(const StreamHolder&) = delete;
-};
-
-template <class T>
-struct DevBuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit DevBuf(std::size_t count) : n(count) {
-    GRAPHSAFE_CUDA(cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(n, 1) * sizeof(T)));
-    GRAPHSAFE_CUDA(cudaMemset(p, 0, std::max<std::size_t>(n, 1) * sizeof(T)));
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void upload(const std::vector<T>& v, cudaStream_t s) {
-    REQUIRE(v.size() <= n);
-    GRAPHSAFE_CUDA(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s));
-    GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
-  }
-};
 
 struct Model {
   Symbol R = Symbol::fixed("requests");

@@ -33,7 +33,10 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_test_support.hpp"
+
 using namespace graphsafe;
+using namespace graphsafe_test;
 
 namespace {
 
@@ -60,23 +63,13 @@ __global__ void verify_u32(const std::uint32_t* p, std::int64_t n, std::uint32_t
 
 void launch_check() { GRAPHSAFE_CUDA(cudaGetLastError()); }
 
-struct StreamHolder {
-  cudaStream_t s = nullptr;
-  StreamHolder() { GRAPHSAFE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~StreamHolder() {
-    cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
-  }
-  StreamHolder(const StreamHolder&) = delete;
-  StreamHolder& operator=(const StreamHolder&) = delete;
-};
-
 // A device counter of mismatches.
 struct Counter {
   unsigned long long* d = nullptr;
   Counter() {
     GRAPHSAFE_CUDA(cudaMalloc(&d, sizeof *d));
     GRAPHSAFE_CUDA(cudaMemset(d, 0, sizeof *d));
+    GRAPHSAFE_CUDA(cudaDeviceSynchronize());  // legacy-stream memset: unordered with the test's streams
   }
   ~Counter() { cudaFree(d); }
   unsigned long long read() const {
