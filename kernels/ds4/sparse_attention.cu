@@ -1,39 +1,46 @@
 // DS4 sparse decode attention with per-head sinks (SPEC.md 2.5, 7.1), on tensor cores.
 //
-// One CTA = (split, request b, group of 64 heads); 512 threads = 16 warps = 4 warpgroups. The CTA
-// keeps the 64 heads' queries (64 x 512 bf16) in shared memory and streams the request's attended
-// rows in tiles of 64 rows (bf16 in shared memory), computing per tile
+// One CTA = (split, request b, group of 64 heads). The CTA keeps the 64 heads' queries (64 x 512
+// bf16) in shared memory and streams the request's attended rows in tiles of 64 rows (bf16 in shared
+// memory), computing per tile
 //     S = Q K^T   (64 heads x 64 rows, k = 512)
 //     online softmax per head (row max exchanged through shared memory, base-2 exponentials)
 //     O += P V    (64 heads x 512 dims, k = 64 rows), V = K (all 512 dims)
 // bf16 operands, fp32 accumulation, bf16 P, fp32 (m, l) per head, bf16 output.
 //
-// Two tile engines with identical structure and numerics:
-//  * wgmma (default, sm_90a): warpgroup g computes S[:, 16g..16g+15] with 32 x wgmma m64n16k16 and
-//    O[:, 128g..128g+127] with 4 x wgmma m64n128k16 (A and B from shared memory, no-swizzle canonical
-//    layout; the K tile is read K-major for S and MN-major for P V). SASS: HGMMA.
-//  * mma.sync (GRAPHSAFE_DS4_ATTENTION=mma_sync): m16n8k16 + ldmatrix; warp w computes S for heads
-//    16*(w%4).., rows 16*(w/4).. and O for heads 32*(w/8).., dims 64*(w%8)... SASS: HMMA.
+// Three tile engines with the same numerics, chosen by GRAPHSAFE_DS4_ATTENTION (once per process):
+//  * ws (default, sm_90a): warp-specialized, 384 threads -- a producer warpgroup gathers and
+//    dequantizes the rows into a double-buffered bf16 tile, two consumer warpgroups run S (wgmma
+//    m64n32k16, 32 tile rows each) and PV (wgmma m64n256k16, 256 dims each). See the kernel.
+//  * wgmma (sm_90a): the 512-thread lockstep kernel below -- warpgroup g computes S[:, 16g..16g+15]
+//    with 32 x wgmma m64n16k16 and O[:, 128g..128g+127] with 4 x wgmma m64n128k16 (A and B from
+//    shared memory, no-swizzle canonical layout; the K tile is read K-major for S and MN-major for
+//    P V). SASS: HGMMA. Kept as the same-run baseline of the ws kernel.
+//  * mma_sync: m16n8k16 + ldmatrix; warp w computes S for heads 16*(w%4).., rows 16*(w/4).. and O
+//    for heads 32*(w/8).., dims 64*(w%8)... SASS: HMMA. Runs on GPUs without sm_90a.
 //
 // Split-K (flash-decoding): the request's tiles are split evenly over `splits` CTAs so that a single
-// request still fills the GPU. With wgmma and 2 <= splits <= 8 the splits of one (request, head
-// group) form a thread-block cluster and rank 0 merges the partial (m, l, O) of the other ranks over
-// distributed shared memory (no scratch traffic, one kernel); otherwise (or with
-// GRAPHSAFE_DS4_CLUSTER=0) partials go to the caller's scratch and a combine kernel merges them.
-// Both merges run in split order: results are deterministic run to run.
+// request still fills the GPU. The splits of one (request, head group) form a thread-block cluster
+// and merge over distributed shared memory (ws: 2 or 4 splits, heads dealt to the ranks, pushed;
+// wgmma: 2..8 splits, rank 0 pulls); otherwise (or with GRAPHSAFE_DS4_CLUSTER=0) partials go to the
+// caller's scratch and a combine kernel merges them. Every merge runs in split order with the
+// combine kernel's arithmetic: results are deterministic run to run.
 //
-// Variant A (paged-direct) loads each row's 576 data bytes + 8 scale bytes from the fp8 paged caches
-// with cp.async into a double-buffered raw stage (slots fetched two tiles ahead, rows prefetched
-// into L2 one tile ahead), then all threads dequantize the tile into bf16 (exact: e4m3 * 2^k fits
-// bf16). Variant B (workspace) cp.asyncs bf16 rows from the gather workspace straight into a
-// double-buffered K tile. Both feed the same tile computation, so for the same rows in the same order
-// they produce bitwise identical output (checked by the tests and the benchmark).
+// Variant A (paged-direct) reads each row's 576 data bytes + 8 scale bytes from the fp8 paged caches
+// and dequantizes them into bf16 (exact: e4m3 * 2^k fits bf16). Variant B (workspace) copies bf16
+// rows from the gather workspace. Both feed the same tile computation, so for the same rows in the
+// same order they produce bitwise identical output (checked by the tests and the benchmark).
 //
-// Measured on one H200 (bench/ds4_attention_bench.cu, B=64, H=64, 43 layers, graph replay):
-// C4 ~42 us/layer, C128 ~40, C1 ~20 for paged-direct -- 5-7x the physical bound, ~18x faster than
-// the PyTorch baseline. The tile loop is the limit (the L2-warm workspace variant is as slow): one
-// CTA per SM (217 KB smem), four block barriers per tile and no overlap of S, softmax, P V and
-// dequantization. Next steps: FlashMLA-style ping-pong warpgroups / 2-CTA K sharing.
+// Measured on one H200 (bench/ds4_attention_bench.cu, B=64, H=64, 43 layers, graph replay; see
+// docs/benchmarks.md): ws C4 41.4 us/layer, C128 39.0, C1 19.7 (lockstep wgmma C4 42.4 in the same
+// run) -- 5-7x the physical bound, ~30x faster than the PyTorch baseline. GRAPHSAFE_DS4_WS_PROBE runs
+// show the ws tile loop is bound neither by HBM nor by the tensor cores (3.65 us of a 5.4 us tile
+// remain with both removed): the producer's per-tile chain (one warpgroup dequantizes 64 rows) and
+// ~15 us of fixed cost per layer are the limit. Next: more dequantizing threads, FA3-style ping-pong
+// of S(t+1) with PV(t), programmatic dependent launch; and ptxas's C7519 notes (76 warpgroup.arrive
+// injected into the ws kernel "to allow use of registers in GMMA": extra waits between wgmmas, to be
+// removed by keeping the accumulators untouched between a wgmma batch's fence and its wait).
+
 #include <graphsafe/ds4/kernels.hpp>
 
 #include "cuda_support.cuh"
