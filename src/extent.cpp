@@ -9,6 +9,13 @@ namespace detail {
 
 enum class Op : std::uint8_t { constant, symbol, element, add, mul, max, min, ceil_div, floor_div, sum, max_over };
 
+// One step of a fold body compiled to a chain x -> op(x, k) (see compile_chain below).
+struct ChainStep {
+  Op op;
+  const ExtentNode* operand;  // evaluated once per evaluation; null when constant (then k)
+  std::int64_t k;
+};
+
 struct ExtentNode {
   Op op;
   std::int64_t value = 0;   // constant
@@ -20,17 +27,43 @@ struct ExtentNode {
   std::int64_t cap = -1;
   std::uint32_t len = 0;
   bool mono_body = false;  // max_over: body monotone, so max_b f(x_b) = f(max_b x_b)
+  // Facts about the whole subtree, computed once at construction (finish()) so the request path
+  // never walks the tree for them. Extents are immutable, so they never go stale.
+  bool stat = true;        // no dynamic symbol, no batch element (is_static)
+  bool mono = true;        // monotone(): no divisor depends on a dynamic value
+  bool capped = true;      // every dynamic symbol / element declares a capacity
+  bool elem = false;       // contains a batch element (inside a fold body)
+  bool fold = false;       // contains sum_over / max_over
+  // Value when the subtree is constants only (else -1); capacity bound when it needs no binding
+  // (constants and capacities only; else -1, also when computing it would throw: the general
+  // path then raises the error).
+  std::int64_t fixed_value = -1;
+  std::int64_t fixed_bound = -1;
+  // sum: the body as a chain of steps applied to each element (chain_ok), evaluated without
+  // walking the tree per element.
+  bool chain_ok = false;
+  std::vector<ChainStep> chain{};
 
   static Symbol symbol(std::uint32_t id) { return Symbol(id); }
 
-  static Extent make(ExtentNode n) { return Extent(std::make_shared<const ExtentNode>(std::move(n))); }
+  static Extent make(ExtentNode n);
   static const std::shared_ptr<const ExtentNode>& ptr(const Extent& e) { return e.node_; }
 };
 
 }  // namespace detail
 
 using detail::ExtentNode;
+using detail::ChainStep;
 using detail::Op;
+
+namespace {
+void finish(ExtentNode& n);
+}
+
+Extent ExtentNode::make(ExtentNode n) {
+  finish(n);
+  return Extent(std::make_shared<const ExtentNode>(std::move(n)));
+}
 
 namespace {
 
@@ -66,6 +99,8 @@ std::size_t batch_length(const Bindings& b, Symbol batch, Symbol length, std::sp
 }
 
 enum class Mode { evaluate, bound };
+
+bool sum_chain(const ExtentNode& n, const Bindings& b, std::span<const std::int64_t> v, std::int64_t& out);
 
 std::int64_t eval(const ExtentNode& n, const Bindings& b, Mode mode, const std::int64_t* elem) {
   switch (n.op) {
@@ -115,6 +150,8 @@ std::int64_t eval(const ExtentNode& n, const Bindings& b, Mode mode, const std::
       auto v = b.values(s);
       batch_length(b, s, sym_of(n.len), v);
       std::int64_t acc = 0;
+      if (n.chain_ok && sum_chain(n, b, v, acc)) return acc;
+      acc = 0;  // the tree walk below computes the value or throws the exact error
       for (std::int64_t x : v) acc = checked_add(acc, eval(*n.a, b, mode, &x), "sum");
       return acc;
     }
@@ -156,28 +193,185 @@ void collect(const ExtentNode& n, std::vector<std::uint32_t>& out) {
   }
 }
 
-bool depends_on_dynamic(const ExtentNode& n) {
-  switch (n.op) {
-    case Op::constant: return false;
-    case Op::symbol: return n.dyn;
-    case Op::element: return true;
-    case Op::sum:
-    case Op::max_over: return true;
-    default: return depends_on_dynamic(*n.a) || depends_on_dynamic(*n.b);
+bool depends_on_dynamic(const ExtentNode& n) { return !n.stat; }
+bool monotone_node(const ExtentNode& n) { return n.mono; }
+
+// ---- construction-time facts ----------------------------------------------------------------------
+
+// x op y for the fixed_value / fixed_bound facts; -1 where evaluating would throw (the general
+// path then raises the error with its message).
+std::int64_t fixed_op(Op op, std::int64_t x, std::int64_t y) {
+  if (x < 0 || y < 0) return -1;
+  std::int64_t r = 0;
+  switch (op) {
+    case Op::add: return __builtin_add_overflow(x, y, &r) ? -1 : r;
+    case Op::mul: return __builtin_mul_overflow(x, y, &r) ? -1 : r;
+    case Op::max: return std::max(x, y);
+    case Op::min: return std::min(x, y);
+    case Op::ceil_div: return y <= 0 ? -1 : x / y + (x % y != 0 ? 1 : 0);
+    case Op::floor_div: return y <= 0 ? -1 : x / y;
+    default: return -1;
   }
 }
 
-bool monotone_node(const ExtentNode& n) {
+void finish(ExtentNode& n) {
   switch (n.op) {
     case Op::constant:
+      n.fixed_value = n.fixed_bound = n.value;
+      return;
     case Op::symbol:
-    case Op::element: return true;
-    case Op::ceil_div:
-    case Op::floor_div: return !depends_on_dynamic(*n.b) && monotone_node(*n.a);
+      n.stat = !n.dyn;
+      n.capped = !n.dyn || n.cap >= 0;
+      n.fixed_bound = n.dyn && n.cap >= 0 ? n.cap : -1;
+      return;
+    case Op::element:
+      n.stat = false;
+      n.capped = n.cap >= 0;
+      n.elem = true;
+      return;
     case Op::sum:
-    case Op::max_over: return monotone_node(*n.a);
-    default: return monotone_node(*n.a) && monotone_node(*n.b);
+    case Op::max_over:
+      n.stat = false;
+      n.mono = n.a->mono;
+      n.capped = n.a->capped;
+      n.fold = true;
+      return;
+    default: {
+      const ExtentNode& x = *n.a;
+      const ExtentNode& y = *n.b;
+      n.stat = x.stat && y.stat;
+      const bool div = n.op == Op::ceil_div || n.op == Op::floor_div;
+      n.mono = div ? y.stat && x.mono : x.mono && y.mono;
+      n.capped = x.capped && y.capped;
+      n.elem = x.elem || y.elem;
+      n.fold = x.fold || y.fold;
+      n.fixed_value = fixed_op(n.op, x.fixed_value, y.fixed_value);
+      // Bounding evaluates a divisor exactly (never by its capacity).
+      n.fixed_bound = n.mono ? fixed_op(n.op, x.fixed_bound, div ? y.fixed_value : y.fixed_bound) : -1;
+      return;
+    }
   }
+}
+
+// A fold body as a chain: the element, then steps x -> op(x, k) where every k is an operand
+// without the element (a constant, or a subtree evaluated once per evaluation). Holds for bodies
+// such as ceil_div(l, 4), min(l, W), round_up(l, 64) * heads; others keep the tree walk.
+constexpr std::size_t kMaxChain = 8;
+
+bool compile_chain(const ExtentNode& n, std::vector<ChainStep>& out) {
+  if (n.op == Op::element) return true;
+  const ExtentNode* x = nullptr;  // the side holding the element
+  const ExtentNode* k = nullptr;
+  switch (n.op) {
+    case Op::add:
+    case Op::mul:
+    case Op::max:
+    case Op::min:
+      if (n.a->elem == n.b->elem) return false;
+      x = n.a->elem ? n.a.get() : n.b.get();
+      k = n.a->elem ? n.b.get() : n.a.get();
+      break;
+    case Op::ceil_div:
+    case Op::floor_div:
+      if (!n.a->elem || n.b->elem) return false;
+      x = n.a.get();
+      k = n.b.get();
+      break;
+    default: return false;
+  }
+  if (!compile_chain(*x, out) || out.size() == kMaxChain) return false;
+  out.push_back({n.op, k->fixed_value >= 0 ? nullptr : k, k->fixed_value});
+  return true;
+}
+
+// sum_b body(v[b]) through the chain, in unsigned arithmetic on values that are all >= 0 (bound
+// values are validated, operations keep them so): true with the sum in `out`, or false when
+// anything is off (an operand that throws, a divisor <= 0, an overflow, a negative value) and the
+// caller's tree walk must produce the result or its exact error. No step depends on another
+// element, so each runs over a block of elements in a tight loop.
+bool sum_chain(const ExtentNode& n, const Bindings& b, std::span<const std::int64_t> v, std::int64_t& out) {
+  const std::size_t m = n.chain.size();
+  std::uint64_t k[kMaxChain];
+  int shift[kMaxChain];  // divisor 2^shift (else -1)
+  if (v.empty()) {  // the tree walk evaluates no operand either
+    out = 0;
+    return true;
+  }
+  for (std::size_t i = 0; i < m; ++i) {
+    const ChainStep& st = n.chain[i];
+    std::int64_t kv = st.k;
+    if (st.operand) {
+      try {
+        kv = eval(*st.operand, b, Mode::evaluate, nullptr);
+      } catch (...) {
+        return false;
+      }
+    }
+    const bool div = st.op == Op::ceil_div || st.op == Op::floor_div;
+    if (kv < 0 || (div && kv == 0)) return false;
+    k[i] = static_cast<std::uint64_t>(kv);
+    shift[i] = div && (k[i] & (k[i] - 1)) == 0 ? __builtin_ctzll(k[i]) : -1;
+  }
+  constexpr std::size_t kBlock = 64;
+  std::uint64_t x[kBlock];
+  std::uint64_t acc = 0;
+  std::uint64_t bad = 0;  // bit 63 set: a value left [0, 2^63)
+  for (std::size_t base = 0; base < v.size(); base += kBlock) {
+    const std::size_t c = std::min(kBlock, v.size() - base);
+    for (std::size_t j = 0; j < c; ++j) {
+      x[j] = static_cast<std::uint64_t>(v[base + j]);
+      bad |= x[j];
+    }
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::uint64_t kk = k[i];
+      switch (n.chain[i].op) {
+        case Op::add:  // both < 2^63: the sum cannot wrap, bit 63 flags a 64-bit signed overflow
+          for (std::size_t j = 0; j < c; ++j) {
+            x[j] += kk;
+            bad |= x[j];
+          }
+          break;
+        case Op::mul:
+          for (std::size_t j = 0; j < c; ++j) {
+            std::uint64_t r;
+            if (__builtin_mul_overflow(x[j], kk, &r)) r = ~0ull;
+            x[j] = r;
+            bad |= r;
+          }
+          break;
+        case Op::max:
+          for (std::size_t j = 0; j < c; ++j) x[j] = std::max(x[j], kk);
+          break;
+        case Op::min:
+          for (std::size_t j = 0; j < c; ++j) x[j] = std::min(x[j], kk);
+          break;
+        case Op::ceil_div:
+          if (shift[i] >= 0) {
+            const int sh = shift[i];
+            for (std::size_t j = 0; j < c; ++j) x[j] = (x[j] + (kk - 1)) >> sh;  // < 2^64: no wrap
+          } else {
+            for (std::size_t j = 0; j < c; ++j) x[j] = x[j] / kk + (x[j] % kk != 0 ? 1 : 0);
+          }
+          break;
+        case Op::floor_div:
+          if (shift[i] >= 0) {
+            const int sh = shift[i];
+            for (std::size_t j = 0; j < c; ++j) x[j] >>= sh;
+          } else {
+            for (std::size_t j = 0; j < c; ++j) x[j] /= kk;
+          }
+          break;
+        default: return false;
+      }
+    }
+    for (std::size_t j = 0; j < c; ++j) {
+      acc += x[j];  // acc and x[j] < 2^63 while nothing is bad: cannot wrap
+      bad |= acc;
+    }
+    if (bad >> 63) return false;
+  }
+  out = static_cast<std::int64_t>(acc);
+  return true;
 }
 
 std::string str(const ExtentNode& n) {
@@ -240,10 +434,7 @@ namespace {
 Extent binary(Op op, const Extent& a, const Extent& b) {
   return ExtentNode::make({op, 0, 0, ExtentNode::ptr(a), ExtentNode::ptr(b)});
 }
-bool contains_fold(const ExtentNode& n) {
-  if (n.op == Op::sum || n.op == Op::max_over) return true;
-  return (n.a && contains_fold(*n.a)) || (n.b && contains_fold(*n.b));
-}
+bool contains_fold(const ExtentNode& n) { return n.fold; }
 Extent fold(Op op, Symbol batch, const std::function<Extent(const Extent&)>& body) {
   if (batch.kind() != SymbolKind::batch)
     throw invalid_argument_error("graphsafe: sum_over/max_over need a batch symbol; '" + batch.name() +
@@ -260,6 +451,7 @@ Extent fold(Op op, Symbol batch, const std::function<Extent(const Extent&)>& bod
   f.dyn = true;
   f.len = batch.length().id();
   f.mono_body = op == Op::max_over && monotone_node(b.node());
+  if (op == Op::sum) f.chain_ok = compile_chain(b.node(), f.chain);
   return ExtentNode::make(std::move(f));
 }
 }  // namespace
@@ -275,10 +467,14 @@ Extent round_up(const Extent& a, const Extent& multiple) { return ceil_div(a, mu
 Extent sum_over(Symbol batch, const std::function<Extent(const Extent&)>& body) { return fold(Op::sum, batch, body); }
 Extent max_over(Symbol batch, const std::function<Extent(const Extent&)>& body) { return fold(Op::max_over, batch, body); }
 
-std::int64_t Extent::evaluate(const Bindings& b) const { return eval(*node_, b, Mode::evaluate, nullptr); }
+std::int64_t Extent::evaluate(const Bindings& b) const {
+  if (node_->fixed_value >= 0) return node_->fixed_value;  // constants only
+  return eval(*node_, b, Mode::evaluate, nullptr);
+}
 
 std::int64_t Extent::capacity_bound(const Bindings& b) const {
-  if (!monotone())
+  if (node_->fixed_bound >= 0) return node_->fixed_bound;  // constants and capacities only
+  if (!node_->mono)
     throw policy_refusal("graphsafe: extent " + to_string() +
                          " divides by a dynamic value, so substituting capacities does not bound it; "
                          "make the divisor static or size it with static_query_bound");
@@ -303,20 +499,7 @@ std::vector<Symbol> Extent::dynamic_symbols() const {
 bool Extent::monotone() const { return monotone_node(*node_); }
 bool Extent::is_static() const { return !depends_on_dynamic(*node_); }
 
-namespace {
-bool every_dynamic_capped(const ExtentNode& n) {
-  switch (n.op) {
-    case Op::constant: return true;
-    case Op::symbol:
-    case Op::element: return !n.dyn || n.cap >= 0;
-    case Op::sum:
-    case Op::max_over: return every_dynamic_capped(*n.a);
-    default: return every_dynamic_capped(*n.a) && every_dynamic_capped(*n.b);
-  }
-}
-}  // namespace
-
-bool Extent::has_capacity_bound() const { return monotone() && every_dynamic_capped(*node_); }
+bool Extent::has_capacity_bound() const { return node_->mono && node_->capped; }
 std::string Extent::to_string() const { return str(*node_); }
 std::size_t Extent::hash() const { return hash_node(*node_); }
 bool same_expression(const Extent& a, const Extent& b) { return same_node(*a.node_, *b.node_); }

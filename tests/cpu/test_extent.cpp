@@ -398,3 +398,86 @@ TEST_CASE("extent: errors leave bindings unchanged", "[extent][errors]") {
   CHECK(b.value(s.n) == 10);
   CHECK(b.describe(s.L) == "seq_lens = [3, 5, 8]");
 }
+
+// sum_over evaluates bodies of the form op_k(...op_1(l, k1)..., kk) without walking the tree per
+// element (a precompiled chain); anything unusual (an operand that throws, a divisor <= 0, an
+// overflow) falls back to the tree walk. Reference: the same body plus 0 * l, which has two
+// elements and therefore always walks the tree. Values and errors (type and message) must match.
+TEST_CASE("extent: sum_over's compiled bodies match the tree walk, values and errors", "[extent]") {
+  Symbol B = Symbol::fixed("len");
+  Symbol L = Symbol::batch("lens", B);  // no capacity: values up to 2^63 - 1
+  Symbol a = Symbol::fixed("a");
+  Symbol zero = Symbol::fixed("zero");
+  Symbol unbound = Symbol::fixed("never_bound");
+  Symbol n = Symbol::dynamic("n", 1000);
+  Symbol big = Symbol::dynamic("big");
+  const Extent A(a), N(n), BIG(big), Z(zero), U(unbound);
+  using Body = std::function<Extent(const Extent&)>;
+  const std::vector<std::pair<const char*, Body>> bodies = {
+      {"l", [](const Extent& l) { return l; }},
+      {"ceil_div(l, 4)", [](const Extent& l) { return ceil_div(l, 4); }},
+      {"ceil_div(l, 1)", [](const Extent& l) { return ceil_div(l, 1); }},
+      {"ceil_div(l, 3)", [](const Extent& l) { return ceil_div(l, 3); }},
+      {"floor_div(l, 128)", [](const Extent& l) { return floor_div(l, 128); }},
+      {"floor_div(l, 7)", [](const Extent& l) { return floor_div(l, 7); }},
+      {"ceil_div(l, a)", [&](const Extent& l) { return ceil_div(l, A); }},
+      {"round_up(l, 64) * a", [&](const Extent& l) { return round_up(l, 64) * A; }},
+      {"min(l, a) + n", [&](const Extent& l) { return min(l, A) + N; }},
+      {"max(n, l)", [&](const Extent& l) { return max(N, l); }},
+      {"4 * ceil_div(l + 3, 2)", [](const Extent& l) { return 4 * ceil_div(l + 3, 2); }},
+      {"ceil_div(l, 2) + floor_div(a, 3)", [&](const Extent& l) { return ceil_div(l, 2) + floor_div(A, 3); }},
+      {"l * big", [&](const Extent& l) { return l * BIG; }},
+      {"l + big", [&](const Extent& l) { return l + BIG; }},
+      {"ceil_div(l, zero)", [&](const Extent& l) { return ceil_div(l, Z); }},
+      {"floor_div(l, zero)", [&](const Extent& l) { return floor_div(l, Z); }},
+      {"floor_div(l * big, zero)", [&](const Extent& l) { return floor_div(l * BIG, Z); }},
+      {"l + never_bound", [&](const Extent& l) { return l + U; }},
+      {"ceil_div(l, ceil_div(a, zero))", [&](const Extent& l) { return ceil_div(l, ceil_div(A, Z)); }},
+      {"l * l (tree walk)", [](const Extent& l) { return l * l; }},
+      {"ceil_div(64, l + 1) (tree walk)", [](const Extent& l) { return ceil_div(64, l + 1); }},
+  };
+  struct Outcome {
+    bool threw = false;
+    std::string type, what;
+    std::int64_t value = 0;
+  };
+  auto outcome = [](const Extent& e, const Bindings& b) {
+    Outcome o;
+    try {
+      o.value = e.evaluate(b);
+    } catch (const std::exception& x) {
+      o = {true, typeid(x).name(), x.what(), 0};
+    }
+    return o;
+  };
+  std::uint64_t rng = 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return rng;
+  };
+  for (const auto& [name, body] : bodies) {
+    const Extent fast = sum_over(L, body);
+    const Extent walk = sum_over(L, [&](const Extent& l) { return body(l) + Extent(0) * l; });
+    for (int trial = 0; trial < 60; ++trial) {
+      const std::size_t len = trial < 4 ? static_cast<std::size_t>(trial) : next() % 150;  // blocks of 64
+      std::vector<std::int64_t> v(len);
+      const int scale = trial % 4;  // small, medium, huge (overflows), exact powers of two
+      for (auto& x : v)
+        x = scale == 0   ? static_cast<std::int64_t>(next() % 20000)
+            : scale == 1 ? static_cast<std::int64_t>(next() % (1ull << 40))
+            : scale == 2 ? static_cast<std::int64_t>(next() >> (1 + next() % 4))
+                         : std::int64_t{1} << (next() % 62);
+      Bindings b;
+      b.set(B, static_cast<std::int64_t>(len)).set(L, std::span<const std::int64_t>(v));
+      b.set(a, 1 + static_cast<std::int64_t>(next() % 300)).set(zero, 0).set(n, static_cast<std::int64_t>(next() % 1001));
+      b.set(big, trial % 3 == 0 ? std::numeric_limits<std::int64_t>::max() / 2 : static_cast<std::int64_t>(next() % 100));
+      INFO(name << ", trial " << trial << ", " << b.describe(L));
+      const Outcome f = outcome(fast, b);
+      const Outcome w = outcome(walk, b);
+      CHECK(f.threw == w.threw);
+      CHECK(f.type == w.type);
+      CHECK(f.what == w.what);
+      CHECK(f.value == w.value);
+    }
+  }
+}
