@@ -3,6 +3,16 @@
 
 namespace graphsafe {
 
+namespace {
+// Built only when capturing, out of the eager path's frame.
+[[gnu::noinline, gnu::cold]] std::string static_note(const Extent& bound, const Bindings& b, bool clamped,
+                                                     std::int64_t cap) {
+  std::string note = "static bound " + bound.to_string() + " = " + std::to_string(bound.evaluate(b));
+  if (clamped) note += ", clamped to the capacity bound " + std::to_string(cap);
+  return note;
+}
+}  // namespace
+
 SizingDecision StaticQueryBound::size(std::string_view request, const Extent& need, const Bindings& b,
                                       bool capturing) const {
   if (!bound_.is_static()) {
@@ -26,10 +36,7 @@ SizingDecision StaticQueryBound::size(std::string_view request, const Extent& ne
   // Verified against the need at the current bindings; proven for every replay only when the
   // capacity bound fits too. Otherwise the guard checks each replay.
   SizingDecision d{count, capped && cap <= count, {}};
-  if (capturing) {
-    d.note = "static bound " + bound_.to_string() + " = " + std::to_string(bound_.evaluate(b));
-    if (clamped) d.note += ", clamped to the capacity bound " + std::to_string(cap);
-  }
+  if (capturing) d.note = static_note(bound_, b, clamped, cap);
   return d;
 }
 

@@ -467,18 +467,28 @@ Extent round_up(const Extent& a, const Extent& multiple) { return ceil_div(a, mu
 Extent sum_over(Symbol batch, const std::function<Extent(const Extent&)>& body) { return fold(Op::sum, batch, body); }
 Extent max_over(Symbol batch, const std::function<Extent(const Extent&)>& body) { return fold(Op::max_over, batch, body); }
 
+namespace {
+// The general cases, out of line so the constant fast paths below need no stack frame.
+[[gnu::noinline]] std::int64_t evaluate_walk(const ExtentNode& n, const Bindings& b) {
+  return eval(n, b, Mode::evaluate, nullptr);
+}
+[[gnu::noinline]] std::int64_t bound_walk(const Extent& e, const ExtentNode& n, const Bindings& b) {
+  if (!n.mono)
+    throw policy_refusal("graphsafe: extent " + e.to_string() +
+                         " divides by a dynamic value, so substituting capacities does not bound it; "
+                         "make the divisor static or size it with static_query_bound");
+  return eval(n, b, Mode::bound, nullptr);
+}
+}  // namespace
+
 std::int64_t Extent::evaluate(const Bindings& b) const {
   if (node_->fixed_value >= 0) return node_->fixed_value;  // constants only
-  return eval(*node_, b, Mode::evaluate, nullptr);
+  return evaluate_walk(*node_, b);
 }
 
 std::int64_t Extent::capacity_bound(const Bindings& b) const {
   if (node_->fixed_bound >= 0) return node_->fixed_bound;  // constants and capacities only
-  if (!node_->mono)
-    throw policy_refusal("graphsafe: extent " + to_string() +
-                         " divides by a dynamic value, so substituting capacities does not bound it; "
-                         "make the divisor static or size it with static_query_bound");
-  return eval(*node_, b, Mode::bound, nullptr);
+  return bound_walk(*this, *node_, b);
 }
 
 std::vector<Symbol> Extent::symbols() const {
