@@ -312,6 +312,64 @@ bool sum_chain(const ExtentNode& n, const Bindings& b, std::span<const std::int6
     k[i] = static_cast<std::uint64_t>(kv);
     shift[i] = div && (k[i] & (k[i] - 1)) == 0 ? __builtin_ctzll(k[i]) : -1;
   }
+  if (m <= 1) {  // the common bodies (l, ceil_div(l, 4), min(l, W), ...): one fused loop
+    // Per block of 64 elements, a plain sum and an OR of every value (loops the compiler can
+    // vectorize): while every value is < 2^57 a block sums to < 2^63 and the running total
+    // cannot wrap before its bit 63 is checked. Larger values (or a negative one) take the tree walk.
+    std::uint64_t acc = 0;
+    bool ok = true;
+    auto fused = [&](auto f) {
+      constexpr std::size_t kBlock = 64;
+      for (std::size_t base = 0; base < v.size(); base += kBlock) {
+        const std::size_t c = std::min(kBlock, v.size() - base);
+        const std::int64_t* p = v.data() + base;
+        std::uint64_t sum = 0;
+        std::uint64_t any = 0;
+        for (std::size_t j = 0; j < c; ++j) {
+          const auto x = static_cast<std::uint64_t>(p[j]);
+          const std::uint64_t y = f(x);
+          sum += y;
+          any |= x | y;
+        }
+        acc += sum;
+        if ((any >> 57) | (acc >> 63)) {
+          ok = false;
+          return;
+        }
+      }
+    };
+    const std::uint64_t kk = m ? k[0] : 0;
+    const int sh = m ? shift[0] : -1;
+    switch (m ? n.chain[0].op : Op::element) {
+      case Op::element: fused([](std::uint64_t x) { return x; }); break;
+      case Op::add: fused([kk](std::uint64_t x) { return x + kk; }); break;  // no wrap: bit 63 flags
+      case Op::mul:
+        fused([kk](std::uint64_t x) {
+          std::uint64_t r;
+          return __builtin_mul_overflow(x, kk, &r) ? ~0ull : r;
+        });
+        break;
+      case Op::max: fused([kk](std::uint64_t x) { return std::max(x, kk); }); break;
+      case Op::min: fused([kk](std::uint64_t x) { return std::min(x, kk); }); break;
+      case Op::ceil_div:
+        if (sh >= 0)
+          fused([kk, sh](std::uint64_t x) { return (x + (kk - 1)) >> sh; });
+        else
+          fused([kk](std::uint64_t x) { return x / kk + (x % kk != 0 ? 1 : 0); });
+        break;
+      case Op::floor_div:
+        if (sh >= 0)
+          fused([sh](std::uint64_t x) { return x >> sh; });
+        else
+          fused([kk](std::uint64_t x) { return x / kk; });
+        break;
+      default: return false;
+    }
+    if (!ok) return false;
+    out = static_cast<std::int64_t>(acc);
+    return true;
+  }
+  // Longer chains: each step over a block of elements in its own tight loop.
   constexpr std::size_t kBlock = 64;
   std::uint64_t x[kBlock];
   std::uint64_t acc = 0;
