@@ -11,7 +11,8 @@
 # BENCH_TIMEOUT (s per benchmark, 180), GRAPHSAFE_RELIABILITY_CYCLES (soak cycles) under the sanitizers (SAN_CYCLES, 100),
 # STAGES (words among: build ctest sanitize bench; default all of them), SANITIZE_FILTER (regex on
 # test executable names, default all), SANITIZE_TOOLS (memcheck racecheck initcheck synccheck),
-# SANITIZE_JOBS (sanitizer processes at once, 4).
+# SANITIZE_JOBS (sanitizer processes at once, 4), SANITIZE_SERIAL (regex: tests run alone, after the
+# others, because they check device-wide memory; default vmm|reliability).
 set -u
 set -o pipefail
 
@@ -27,6 +28,7 @@ STAGES=${STAGES:-build ctest sanitize bench}
 SANITIZE_FILTER=${SANITIZE_FILTER:-.}
 SANITIZE_TOOLS=${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
 SANITIZE_JOBS=${SANITIZE_JOBS:-4}
+SANITIZE_SERIAL=${SANITIZE_SERIAL:-vmm|reliability}
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 declare -a SUMMARY=()
@@ -135,18 +137,22 @@ else
   export -f san_one
   export OUT SAN_CYCLES SANITIZER_TIMEOUT SANITIZER
   banner "compute-sanitizer ($SANITIZE_TOOLS) on ${#GPU_TESTS[@]} GPU tests, $SANITIZE_JOBS at a time"
+  # Tests that check device-wide memory (cudaMemGetInfo: VMM growth, the soak) run one at a time
+  # after the others: other sanitizer processes on the GPU move that figure (seen on the H200).
   JOBLIST=()
+  SERIAL=()
   for tool in $SANITIZE_TOOLS; do
     for exe in "${GPU_TESTS[@]}"; do
       name=$(basename "$exe")
       [[ "$name" =~ $SANITIZE_FILTER ]] || continue
-      JOBLIST+=("$tool $exe")
+      if [[ "$name" =~ $SANITIZE_SERIAL ]]; then SERIAL+=("$tool $exe"); else JOBLIST+=("$tool $exe"); fi
     done
   done
   while IFS=$'\t' read -r st what; do
     echo "$st $what"
     record "$st" "$what"
-  done < <(printf '%s\n' "${JOBLIST[@]}" | xargs -P "$SANITIZE_JOBS" -L 1 bash -c 'san_one "$0" "$1"')
+  done < <({ [ ${#JOBLIST[@]} -gt 0 ] && printf '%s\n' "${JOBLIST[@]}" | xargs -P "$SANITIZE_JOBS" -L 1 bash -c 'san_one "$0" "$1"';
+             [ ${#SERIAL[@]} -gt 0 ] && printf '%s\n' "${SERIAL[@]}" | xargs -P 1 -L 1 bash -c 'san_one "$0" "$1"'; })
 fi
 
 # ---- benchmarks ----------------------------------------------------------------------------------------
