@@ -8,7 +8,9 @@
 #   OUT=/tmp/out bash bench/run_gpu_suite.sh
 #
 # Knobs (environment): BUILD_DIR (build), JOBS (16), SANITIZER_TIMEOUT (s per run, 110),
-# BENCH_TIMEOUT (s per benchmark, 180), GRAPHSAFE_RELIABILITY_CYCLES (soak cycles) under the sanitizers (SAN_CYCLES, 100),
+# BENCH_TIMEOUT (s per benchmark, 180), GRAPHSAFE_RELIABILITY_CYCLES (soak cycles) and
+# GRAPHSAFE_RELIABILITY_ROUNDS (capture rounds of the concurrency tests) under the sanitizers
+# (SAN_CYCLES 100, SAN_ROUNDS 20),
 # STAGES (words among: build ctest sanitize bench; default all of them), SANITIZE_FILTER (regex on
 # test executable names, default all), SANITIZE_TOOLS (memcheck racecheck initcheck synccheck),
 # SANITIZE_JOBS (sanitizer processes at once, 4), SANITIZE_SERIAL (regex: tests run alone, after the
@@ -23,6 +25,7 @@ JOBS=${JOBS:-16}
 SANITIZER_TIMEOUT=${SANITIZER_TIMEOUT:-110}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-180}
 SAN_CYCLES=${SAN_CYCLES:-100}
+SAN_ROUNDS=${SAN_ROUNDS:-20}
 T0=$(date +%s)
 STAGES=${STAGES:-build ctest sanitize bench}
 SANITIZE_FILTER=${SANITIZE_FILTER:-.}
@@ -122,7 +125,7 @@ else
     local tool=$1 exe=$2 name log rc
     name=$(basename "$exe")
     log="$OUT/$name.$tool.log"
-    GRAPHSAFE_RELIABILITY_CYCLES=$SAN_CYCLES timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+    GRAPHSAFE_RELIABILITY_CYCLES=$SAN_CYCLES GRAPHSAFE_RELIABILITY_ROUNDS=$SAN_ROUNDS timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
       "$exe" >"$log" 2>&1
     rc=$?
     local counts
@@ -135,7 +138,7 @@ else
     esac
   }
   export -f san_one
-  export OUT SAN_CYCLES SANITIZER_TIMEOUT SANITIZER
+  export OUT SAN_CYCLES SAN_ROUNDS SANITIZER_TIMEOUT SANITIZER
   banner "compute-sanitizer ($SANITIZE_TOOLS) on ${#GPU_TESTS[@]} GPU tests, $SANITIZE_JOBS at a time"
   # Tests that check device-wide memory (cudaMemGetInfo: VMM growth, the soak) run one at a time
   # after the others: other sanitizer processes on the GPU move that figure (seen on the H200).

@@ -213,7 +213,9 @@ TEST_CASE("gpu reliability: eager threads on their own streams while another thr
     // In global mode the capturing thread destroys graphs (a synchronize) only between captures,
     // and the eager threads never synchronize: legal under CUDA's rules.
     CaptureCounts c;
-    std::thread capturer([&] { c = capture_worker(arena, streams[3].s, 50, 200, mode, errors.d, f, nullptr); });
+    // GRAPHSAFE_RELIABILITY_ROUNDS scales the capture rounds down under compute-sanitizer.
+    const int rounds = env_int("GRAPHSAFE_RELIABILITY_ROUNDS", 200);
+    std::thread capturer([&] { c = capture_worker(arena, streams[3].s, 50, rounds, mode, errors.d, f, nullptr); });
     capturer.join();
     stop = true;
     for (auto& t : eager) t.join();
@@ -221,7 +223,7 @@ TEST_CASE("gpu reliability: eager threads on their own streams while another thr
     INFO(f.first);
     CHECK(f.unexpected == 0);
     CHECK(errors.read() == 0);
-    CHECK(c.ok >= 190);
+    CHECK(c.ok >= rounds - rounds / 20);  // a few rounds may find the region full (out_of_space)
     const ArenaStats st = arena.stats();
     CHECK(st.eager_blocks == 0);
     CHECK(st.live_graphs == 0);
@@ -245,8 +247,9 @@ TEST_CASE("gpu reliability: two captures on two streams at once (thread-local mo
   CaptureCounts ca, cb;
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> ops{0};
-  std::thread ta([&] { ca = capture_worker(arena, a.s, 60, 150, CaptureMode::thread_local_mode, errors.d, f, &both_open); });
-  std::thread tb([&] { cb = capture_worker(arena, b.s, 61, 150, CaptureMode::thread_local_mode, errors.d, f, &both_open); });
+  const int rounds = env_int("GRAPHSAFE_RELIABILITY_ROUNDS", 150);
+  std::thread ta([&] { ca = capture_worker(arena, a.s, 60, rounds, CaptureMode::thread_local_mode, errors.d, f, &both_open); });
+  std::thread tb([&] { cb = capture_worker(arena, b.s, 61, rounds, CaptureMode::thread_local_mode, errors.d, f, &both_open); });
   std::thread te(eager_worker, std::ref(arena), e.s, 62, std::cref(stop), 100, errors.d, std::ref(f), std::ref(ops));
   ta.join();
   tb.join();
@@ -256,7 +259,7 @@ TEST_CASE("gpu reliability: two captures on two streams at once (thread-local mo
   INFO(f.first);
   CHECK(f.unexpected == 0);
   CHECK(errors.read() == 0);
-  CHECK(ca.ok + cb.ok >= 290);
+  CHECK(ca.ok + cb.ok >= 2 * rounds - rounds / 15);
   CHECK(arena.stats().live_graphs == 0);
   CHECK(arena.stats().region_bytes == 0);
 }
