@@ -233,7 +233,10 @@ TEST_CASE("VMM: debug mode (canaries, NVTX registration) with virtual growth: gr
   constexpr int kMaxLen = 512;
   debug::clear_findings();
   Device dev;
-  CudaBackend backend;
+  // Plain (cudaMalloc'd) eager slabs: debug mode registers NVTX heaps only where compute-sanitizer
+  // accepts them (not on stream-ordered pool memory), and that switch also covers the family's range.
+  CudaBackend backend(CudaBackendOptions{.plain_allocations = true});
+  REQUIRE(backend.nvtx_heaps_supported());
   auto vm = std::make_shared<CudaVirtualMemory>();
   Arena arena(backend, ArenaOptions{.report_findings = false,
                                     .debug = true,
