@@ -14,31 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "../support/seed_model.hpp"
+
 using namespace graphsafe;
+using namespace graphsafe_test::seed;
 
 namespace {
-
-constexpr int kWindow = 4;
-constexpr int kRatio = 4;
-constexpr int kMaxLen = 512;
-constexpr int kOutW = kMaxLen / kRatio + kWindow;
-
-struct Model {
-  Symbol R = Symbol::fixed("requests");
-  Symbol W = Symbol::fixed("window");
-  Symbol L = Symbol::batch("seq_lens", R, kMaxLen);
-  Extent n_c = max_over(L, [](const Extent& l) { return floor_div(l, kRatio); });
-  Extent g = max_over(L, [&](const Extent& l) { return min(l, Extent(W)); });
-  Bindings bind(std::vector<int> lens) const {
-    Bindings b;
-    b.set(R, static_cast<std::int64_t>(lens.size())).set(W, kWindow);
-    b.set(L, std::span<const std::int32_t>(lens.data(), lens.size()));
-    return b;
-  }
-};
-
-std::int64_t cmp_value(int b, int c) { return 1'000'000LL * (b + 1) + 500'000 + c; }
-std::int64_t swa_value(int b, int pos) { return 1'000'000LL * (b + 1) + pos; }
 
 // The seed's step on the host backend: gather into ws[b*M + ...] with N and M frozen, lengths read
 // at run time from `lens` (the "device buffer"), then "attention" into out[b*kOutW + ...].

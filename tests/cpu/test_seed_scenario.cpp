@@ -10,25 +10,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "../support/seed_model.hpp"
+
 using namespace graphsafe;
+using namespace graphsafe_test::seed;
 
 namespace {
-
-constexpr int kWindow = 4;     // W (SPEC 7.3 tiny shape)
-constexpr int kRatio = 4;      // C4
-constexpr int kMaxLen = 512;   // max_model_len
-
-struct Model {
-  Symbol R = Symbol::fixed("requests");
-  Symbol W = Symbol::fixed("window");
-  Symbol L = Symbol::batch("seq_lens", R, kMaxLen);
-  Extent n_c = max_over(L, [](const Extent& l) { return floor_div(l, kRatio); });
-  Extent g = max_over(L, [&](const Extent& l) { return min(l, Extent(W)); });
-};
-
-// Row value written by the gather: identifies request, part and position, so any overlap shows.
-std::int64_t cmp_value(int b, int c) { return 1'000'000LL * (b + 1) + 500'000 + c; }
-std::int64_t swa_value(int b, int pos) { return 1'000'000LL * (b + 1) + pos; }
 
 // The "kernels": gather compressed rows then SWA rows into ws[b*M + ...] with N, M frozen (kernel
 // arguments), reading the lengths from `dev_lens` (a device buffer updated before each replay);
@@ -51,16 +38,6 @@ void decode_step(HostStream& s, std::int64_t* ws, std::int64_t N, std::int64_t M
       for (int i = 0; i < gb; ++i) out[b].push_back(ws[b * M + N + i]);
     }
   });
-}
-
-std::vector<std::vector<std::int64_t>> expected(const std::vector<int>& lens) {
-  std::vector<std::vector<std::int64_t>> e(lens.size());
-  for (std::size_t b = 0; b < lens.size(); ++b) {
-    const int L = lens[b], n_c = L / kRatio, gb = std::min(L, kWindow);
-    for (int c = 0; c < n_c; ++c) e[b].push_back(cmp_value(static_cast<int>(b), c));
-    for (int i = 0; i < gb; ++i) e[b].push_back(swa_value(static_cast<int>(b), L - gb + i));
-  }
-  return e;
 }
 
 struct Policies {
@@ -95,7 +72,7 @@ TEST_CASE("seed scenario: safe policies replay equal to eager after sequences gr
       dev_lens = lens;
       b.set(m.L, {lens[0], lens[1]});
       graph.replay(b, s);
-      CHECK(out == expected(lens));
+      CHECK(out == expected_rows(lens));
     }
   }
 }
@@ -135,7 +112,7 @@ TEST_CASE("seed scenario: exact-at-capture is reported at capture and refused by
 
   // At the capture-time lengths the replay is allowed and right.
   graph.replay(b, s);
-  CHECK(out == expected({3, 5}));
+  CHECK(out == expected_rows({3, 5}));
 
   // After growth the guard refuses before launch, naming request, symbol, value and limit.
   dev_lens = {15, 17};
@@ -156,7 +133,7 @@ TEST_CASE("seed scenario: exact-at-capture is reported at capture and refused by
   // Proof the check can fail: bypass the guard and the replay is wrong (SWA rows overwrite the
   // compressed rows beyond N = 1), exactly the seed's silent corruption.
   graph.replay_unguarded_for_testing(s);
-  CHECK(out != expected({15, 17}));
+  CHECK(out != expected_rows({15, 17}));
   // Further growth writes past the workspace into its neighbour.
   dev_lens = {255, 257};  // past the 256-byte alignment padding behind the 10-row workspace
   graph.replay_unguarded_for_testing(s);
@@ -196,7 +173,7 @@ TEST_CASE("seed scenario: a recapture hook re-captures at a larger bucket instea
     dev_lens = lens;
     b.set(m.L, {lens[0], lens[1]});
     graph.replay(b, s);
-    CHECK(out == expected(lens));
+    CHECK(out == expected_rows(lens));
   }
   CHECK(graph.recaptures() == 2);  // [15,17] -> bucket 64; [60,63] fits; [255,257] -> bucket 320
 }

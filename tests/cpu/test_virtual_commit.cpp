@@ -14,42 +14,15 @@
 #include <random>
 #include <vector>
 
+#include "../support/seed_model.hpp"
+
 using namespace graphsafe;
+using namespace graphsafe_test::seed;
 
 namespace {
 
-constexpr int kWindow = 4;
-constexpr int kRatio = 4;
-constexpr int kMaxLen = 512;
 constexpr int kRowElems = 512;                 // int64 elements per row: 4 KiB rows
 constexpr std::uint64_t kGranule = 64 << 10;   // 16 rows per granule
-
-struct Model {
-  Symbol R = Symbol::fixed("requests");
-  Symbol W = Symbol::fixed("window");
-  Symbol L = Symbol::batch("seq_lens", R, kMaxLen);
-  Extent n_c = max_over(L, [](const Extent& l) { return floor_div(l, kRatio); });
-  Extent g = max_over(L, [&](const Extent& l) { return min(l, Extent(W)); });
-  Bindings bind(const std::vector<int>& lens) const {
-    std::vector<std::int64_t> v(lens.begin(), lens.end());
-    Bindings b;
-    b.set(R, static_cast<std::int64_t>(lens.size())).set(W, kWindow).set(L, std::span<const std::int64_t>(v));
-    return b;
-  }
-};
-
-std::int64_t cmp_value(int b, int c) { return 1'000'000LL * (b + 1) + 500'000 + c; }
-std::int64_t swa_value(int b, int pos) { return 1'000'000LL * (b + 1) + pos; }
-
-std::vector<std::vector<std::int64_t>> expected(const std::vector<int>& lens) {
-  std::vector<std::vector<std::int64_t>> e(lens.size());
-  for (std::size_t b = 0; b < lens.size(); ++b) {
-    const int L = lens[b], n_c = L / kRatio, gb = std::min(L, kWindow);
-    for (int c = 0; c < n_c; ++c) e[b].push_back(cmp_value(static_cast<int>(b), c));
-    for (int i = 0; i < gb; ++i) e[b].push_back(swa_value(static_cast<int>(b), L - gb + i));
-  }
-  return e;
-}
 
 // The step: sizes N, G (dimensions) and the workspace through the arena, then "gather" (writes whole
 // rows) and "attention" (reads them back). Records the workspace address it got.
@@ -151,7 +124,7 @@ TEST_CASE("virtual: capture maps the capture-time footprint, replays grow it beh
     f.dev_lens = lens;
     b = f.m.bind(lens);
     graph.replay(b, f.s);
-    CHECK(f.out == expected(lens));
+    CHECK(f.out == expected_rows(lens));
     const auto vs = graph.virtual_stats(&b);
     CHECK(vs.committed_bytes >= prev);                         // never unmapped behind a graph
     CHECK(vs.committed_bytes >= vs.granule_need_bytes);        // everything touched is mapped
@@ -163,7 +136,7 @@ TEST_CASE("virtual: capture maps the capture-time footprint, replays grow it beh
   // Eager run of the same step at the largest lengths: same results, ordinary slab memory.
   Step eager = f.step();
   eager(f.s, b);
-  CHECK(f.out == expected({511, 512}));
+  CHECK(f.out == expected_rows({511, 512}));
   CHECK(eager.ws_seen != ws);
   // The graph's workspace never moved: a re-capture-free replay wrote through the same pointer.
   CHECK(st.ws_seen == ws);
@@ -182,7 +155,7 @@ TEST_CASE("virtual: a replay whose need did not grow takes the fast path and map
     f.dev_lens = lens;
     b = f.m.bind(lens);
     graph.replay(b, f.s);
-    CHECK(f.out == expected(lens));
+    CHECK(f.out == expected_rows(lens));
   }
   const auto after = graph.virtual_stats();
   CHECK(after.fast_commits == first.fast_commits + 4);
@@ -193,7 +166,7 @@ TEST_CASE("virtual: a replay whose need did not grow takes the fast path and map
   f.dev_lens = {200, 512};
   b = f.m.bind(f.dev_lens);
   graph.replay(b, f.s);
-  CHECK(f.out == expected(f.dev_lens));
+  CHECK(f.out == expected_rows(f.dev_lens));
   CHECK(graph.virtual_stats().grow_events == after.grow_events + 1);
 }
 
@@ -208,7 +181,7 @@ TEST_CASE("virtual: chunks are pooled and reused across graphs; shrink unmaps on
     f.dev_lens = {511, 512};
     b = f.m.bind(f.dev_lens);
     graph.replay(b, f.s);
-    CHECK(f.out == expected(f.dev_lens));
+    CHECK(f.out == expected_rows(f.dev_lens));
     created_first = f.vm->stats().chunks_created;
     CHECK(f.vm->stats().chunks_mapped * kGranule == f.arena->committed_bytes());
   }
@@ -223,7 +196,7 @@ TEST_CASE("virtual: chunks are pooled and reused across graphs; shrink unmaps on
   b = f.m.bind(f.dev_lens);
   auto g2 = capture(*f.arena, f.s, b, [&](const Bindings& bb) { st2(f.s, bb); });
   g2.replay(b, f.s);
-  CHECK(f.out == expected(f.dev_lens));
+  CHECK(f.out == expected_rows(f.dev_lens));
   CHECK(f.vm->stats().chunks_created == created_first);
   CHECK(f.vm->stats().pool_hits > hits);
 
@@ -236,24 +209,24 @@ TEST_CASE("virtual: chunks are pooled and reused across graphs; shrink unmaps on
   CHECK(shrunk < before);
   CHECK(shrunk >= g2.virtual_stats(&b).granule_need_bytes);
   g2.replay(b, f.s);  // fits what was kept: correct without mapping more
-  CHECK(f.out == expected(f.dev_lens));
+  CHECK(f.out == expected_rows(f.dev_lens));
   f.dev_lens = {480, 500};
   b = f.m.bind(f.dev_lens);
   g2.replay(b, f.s);  // grows again, behind the same addresses
-  CHECK(f.out == expected(f.dev_lens));
+  CHECK(f.out == expected_rows(f.dev_lens));
   CHECK(f.arena->committed_bytes() > shrunk);
   // Shrink without bindings: everything goes; a replay maps everything back.
   f.arena->shrink(f.s);
   CHECK(f.arena->committed_bytes() == 0);
   g2.replay(b, f.s);
-  CHECK(f.out == expected(f.dev_lens));
+  CHECK(f.out == expected_rows(f.dev_lens));
   // Pooled chunks can be given back to the "driver".
   f.arena->shrink(f.s);
   f.vm->trim_pool();
   CHECK(f.vm->stats().chunks_pooled == 0);
   CHECK(f.vm->stats().chunks_released > 0);
   g2.replay(b, f.s);
-  CHECK(f.out == expected(f.dev_lens));
+  CHECK(f.out == expected_rows(f.dev_lens));
 }
 
 TEST_CASE("virtual: shrink refuses while a capture is under way", "[virtual]") {
@@ -321,14 +294,14 @@ TEST_CASE("virtual: graphs of one family share the address range and its mapping
   f.dev_lens = {300, 200, 100};
   b3 = f.m.bind(f.dev_lens);
   g2.replay(b3, f.s);
-  CHECK(f.out == expected(f.dev_lens));
+  CHECK(f.out == expected_rows(f.dev_lens));
   const auto shared = f.arena->committed_bytes();
   CHECK(g1.virtual_stats().committed_bytes == shared);
   f.dev_lens = {250, 150};
   f.out.resize(2);
   b = f.m.bind(f.dev_lens);
   g1.replay(b, f.s);
-  CHECK(f.out == expected(f.dev_lens));
+  CHECK(f.out == expected_rows(f.dev_lens));
   CHECK(f.arena->committed_bytes() >= shared);
   CHECK(fam.graphs() == 2);
 }
@@ -400,7 +373,7 @@ TEST_CASE("virtual: a physical limit refuses the replay before launch and leaves
   f.dev_lens = {20, 30};
   b = f.m.bind(f.dev_lens);
   graph.replay(b, f.s);
-  CHECK(f.out == expected(f.dev_lens));
+  CHECK(f.out == expected_rows(f.dev_lens));
 }
 
 TEST_CASE("virtual: debug mode's guard regions are mapped and checked", "[virtual][debug]") {
@@ -413,7 +386,7 @@ TEST_CASE("virtual: debug mode's guard regions are mapped and checked", "[virtua
     f.dev_lens = lens;
     b = f.m.bind(lens);
     graph.replay(b, f.s);  // arms (fills) and checks the guard behind the workspace
-    CHECK(f.out == expected(lens));
+    CHECK(f.out == expected_rows(lens));
   }
   for (const auto& fi : debug::findings()) CHECK(fi.kind != debug::kind::canary_overwrite);
   CHECK(debug::check_canaries(graph, f.s).empty());
@@ -437,7 +410,7 @@ TEST_CASE("virtual: the ordinary arena ignores footprints and has no virtual sta
   lens = {511, 512};
   b = m.bind(lens);
   graph.replay(b, s);
-  CHECK(out == expected(lens));
+  CHECK(out == expected_rows(lens));
   arena.shrink(s);  // no-op
 }
 
@@ -632,7 +605,7 @@ TEST_CASE("virtual: strided per-request slices cost a partly used granule per to
   b = f.m.bind(f.dev_lens);
   f.arena->shrink(f.s, b);
   graph.replay(b, f.s);
-  CHECK(f.out == expected(f.dev_lens));
+  CHECK(f.out == expected_rows(f.dev_lens));
   const auto vs = graph.virtual_stats(&b);
   CHECK(vs.exact_need_bytes == (3 + 4 + 4 + 4) * 4096);
   CHECK(vs.touched_ranges == 4);
@@ -662,7 +635,7 @@ TEST_CASE("virtual: debug mode re-arms the guard regions a shrink unmapped", "[v
   f.dev_lens = {511, 512};
   b = f.m.bind(f.dev_lens);
   graph.replay(b, f.s);
-  CHECK(f.out == expected(f.dev_lens));
+  CHECK(f.out == expected_rows(f.dev_lens));
   CHECK(debug::check_canaries(graph, f.s).empty());
   for (const auto& fi : debug::findings()) CHECK(fi.kind != debug::kind::canary_overwrite);
   debug::clear_findings();

@@ -35,47 +35,13 @@
 #include <vector>
 
 #include "gpu_test_support.hpp"
+#include "seed_kernels.cuh"
 
 using namespace graphsafe;
 using namespace graphsafe_test;
+using namespace graphsafe_test::seed;
 
 namespace {
-
-constexpr int kWindow = 4;    // W
-constexpr int kRatio = 4;     // C4
-constexpr int kMaxLen = 512;  // max_model_len (capacity of seq_lens)
-constexpr int kOutW = kMaxLen / kRatio + kWindow;  // widest output row a request can produce
-constexpr int kThreads = 128;
-constexpr std::int64_t kFiller = -3;
-
-__host__ __device__ inline std::int64_t cmp_value(int b, int c) { return 1'000'000LL * (b + 1) + 500'000 + c; }
-__host__ __device__ inline std::int64_t swa_value(int b, int pos) { return 1'000'000LL * (b + 1) + pos; }
-
-// Fill the whole workspace (its reserved count, frozen at capture).
-__global__ void fill_kernel(std::int64_t* ws, std::int64_t count, std::int64_t value) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    ws[i] = value;
-}
-
-// The seed's gather: compressed rows then SWA rows of request b into ws[b*M + ...], N and M frozen,
-// lengths read from device memory at run time.
-__global__ void gather_kernel(std::int64_t* ws, std::int64_t N, std::int64_t M, const int* lens) {
-  const int b = blockIdx.x;
-  const int L = lens[b], n_c = L / kRatio, gb = L < kWindow ? L : kWindow;
-  for (int c = threadIdx.x; c < n_c; c += blockDim.x) ws[b * M + c] = cmp_value(b, c);
-  __syncthreads();  // SWA rows after compressed rows, as the host seed does (deterministic overlap)
-  for (int i = threadIdx.x; i < gb; i += blockDim.x) ws[b * M + N + i] = swa_value(b, L - gb + i);
-}
-
-// "Attention": reads the rows the combined indices name into out[b * kOutW + ...].
-__global__ void attend_kernel(const std::int64_t* ws, std::int64_t N, std::int64_t M, const int* lens,
-                              std::int64_t* out) {
-  const int b = blockIdx.x;
-  const int L = lens[b], n_c = L / kRatio, gb = L < kWindow ? L : kWindow;
-  for (int c = threadIdx.x; c < n_c; c += blockDim.x) out[b * kOutW + c] = ws[b * M + c];
-  for (int i = threadIdx.x; i < gb; i += blockDim.x) out[b * kOutW + n_c + i] = ws[b * M + N + i];
-}
 
 __global__ void write_ptrs_kernel(const void* a, const void* b, unsigned long long* out) {
   out[0] = reinterpret_cast<unsigned long long>(a);
@@ -86,43 +52,8 @@ void check_launch() { GRAPHSAFE_CUDA(cudaGetLastError()); }
 
 void decode_step(cudaStream_t s, const Workspace& ws, std::int64_t N, std::int64_t M, const int* d_lens, int R,
                  std::int64_t* d_out) {
-  const std::int64_t count = ws.count();
-  if (count > 0) {
-    const int blocks = static_cast<int>(std::min<std::int64_t>((count + kThreads - 1) / kThreads, 1024));
-    fill_kernel<<<blocks, kThreads, 0, s>>>(ws.as<std::int64_t>(), count, kFiller);
-    check_launch();
-  }
-  gather_kernel<<<R, kThreads, 0, s>>>(ws.as<std::int64_t>(), N, M, d_lens);
-  check_launch();
-  attend_kernel<<<R, kThreads, 0, s>>>(ws.as<std::int64_t>(), N, M, d_lens, d_out);
-  check_launch();
+  launch_seed_step(s, ws.as<std::int64_t>(), ws.count(), N, M, d_lens, R, d_out);
 }
-
-std::vector<std::int64_t> expected(const std::vector<int>& lens) {
-  std::vector<std::int64_t> e(lens.size() * kOutW, 0);
-  for (std::size_t b = 0; b < lens.size(); ++b) {
-    const int L = lens[b], n_c = L / kRatio, gb = std::min(L, kWindow);
-    for (int c = 0; c < n_c; ++c) e[b * kOutW + c] = cmp_value(static_cast<int>(b), c);
-    for (int i = 0; i < gb; ++i) e[b * kOutW + n_c + i] = swa_value(static_cast<int>(b), L - gb + i);
-  }
-  return e;
-}
-
-// The seed's model: R requests, window W, seq_lens[b] <= kMaxLen.
-struct Model {
-  Symbol R = Symbol::fixed("requests");
-  Symbol W = Symbol::fixed("window");
-  Symbol L = Symbol::batch("seq_lens", R, kMaxLen);
-  Extent n_c = max_over(L, [](const Extent& l) { return floor_div(l, kRatio); });
-  Extent g = max_over(L, [&](const Extent& l) { return min(l, Extent(W)); });
-
-  Bindings bind(const std::vector<int>& lens) const {
-    Bindings b;
-    b.set(R, static_cast<std::int64_t>(lens.size())).set(W, kWindow);
-    b.set(L, std::span<const std::int32_t>(lens.data(), lens.size()));
-    return b;
-  }
-};
 
 struct Policies {
   const SizingPolicy& compressed;
@@ -208,7 +139,7 @@ TEST_CASE("gpu: replay after the sequences grow equals an eager run, bitwise", "
         const auto eager = eager_run(arena, s, m, lens, e_lens, e_out);
         INFO("R = " << R << ", lens[0] = " << lens[0] << ", lens[R-1] = " << lens.back());
         CHECK(got == eager);  // bitwise: int64 compared exactly
-        CHECK(got == expected(lens));
+        CHECK(got == expected_flat(lens));
       }
       GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
     }
@@ -255,7 +186,7 @@ TEST_CASE("gpu: exact-at-capture is refused before launch; bypassing the guard o
   // At the capture-time lengths the replay is allowed and right.
   d_out.fill_bytes(0, s);
   graph.replay(b, s);
-  CHECK(d_out.download(s) == expected(lens0));
+  CHECK(d_out.download(s) == expected_flat(lens0));
 
   // After growth the guard refuses before launch: the output keeps its sentinel bytes.
   const std::vector<int> grown = {15, 17};
@@ -289,7 +220,7 @@ TEST_CASE("gpu: exact-at-capture is refused before launch; bypassing the guard o
   // compressed rows beyond N = 1) -- the seed's silent corruption.
   d_out.fill_bytes(0, s);
   graph.replay_unguarded_for_testing(s);
-  CHECK(d_out.download(s) != expected(grown));
+  CHECK(d_out.download(s) != expected_flat(grown));
   auto canary_now = [&] {
     std::vector<std::int64_t> c(kCanaryRows);
     GRAPHSAFE_CUDA(cudaMemcpyAsync(c.data(), canary, kCanaryRows * sizeof(std::int64_t), cudaMemcpyDeviceToHost, s));
@@ -351,7 +282,7 @@ TEST_CASE("gpu: workspace addresses are stable across replays", "[gpu][stability
     const auto ptrs = d_ptrs.download(s);
     CHECK(ptrs[0] == reinterpret_cast<unsigned long long>(kv_at_capture));
     CHECK(ptrs[1] == reinterpret_cast<unsigned long long>(scratch_at_capture));
-    CHECK(d_out.download(s) == expected(lens));
+    CHECK(d_out.download(s) == expected_flat(lens));
   }
   churn.clear();
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
@@ -425,7 +356,7 @@ TEST_CASE("gpu: a family of 8 bucket graphs reserves the largest plan, not the s
       DevBuf<std::int64_t> e_out(static_cast<std::size_t>(B) * kOutW);
       INFO("bucket " << B << ", step " << step);
       CHECK(got == eager_run(arena, s, m, lens_for(B, step), e_lens, e_out));
-      CHECK(got == expected(lens_for(B, step)));
+      CHECK(got == expected_flat(lens_for(B, step)));
     }
   }
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
@@ -486,17 +417,17 @@ TEST_CASE("gpu: eager requests on another stream while a capture is in progress"
   CHECK_FALSE(overlaps(reinterpret_cast<std::uintptr_t>(eager_ws.data()), eager_ws.bytes(), base,
                        graph.reserved_bytes()));
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s2));
-  CHECK(e_out.download(s2) == expected(eager_lens));
+  CHECK(e_out.download(s2) == expected_flat(eager_lens));
   eager_ws.reset();
 
   d_out.fill_bytes(0, s1);
   graph.replay(b, s1);
-  CHECK(d_out.download(s1) == expected(cap_lens));
+  CHECK(d_out.download(s1) == expected_flat(cap_lens));
   const std::vector<int> grown = {70, 90, 511};
   d_lens.upload(grown, s1);
   d_out.fill_bytes(0, s1);
   graph.replay(m.bind(grown), s1);
-  CHECK(d_out.download(s1) == expected(grown));
+  CHECK(d_out.download(s1) == expected_flat(grown));
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s1));
 }
 
@@ -568,7 +499,7 @@ TEST_CASE("gpu: a capture that throws releases everything and the stream is usab
   {
     arena_step(arena, s, m, b, Policies{exact_at_capture, exact_at_capture}, d_lens.p, d_out.p);
   }
-  CHECK(d_out.download(s) == expected(lens));
+  CHECK(d_out.download(s) == expected_flat(lens));
   // ... and captures again.
   auto graph = capture(arena, s, b, [&](const Bindings& bb) {
     arena_step(arena, s, m, bb, Policies{capacity_bound, swa_bound}, d_lens.p, d_out.p);
@@ -577,7 +508,7 @@ TEST_CASE("gpu: a capture that throws releases everything and the stream is usab
   d_lens.upload(grown, s);
   d_out.fill_bytes(0, s);
   graph.replay(m.bind(grown), s);
-  CHECK(d_out.download(s) == expected(grown));
+  CHECK(d_out.download(s) == expected_flat(grown));
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
 }
 
@@ -709,8 +640,8 @@ TEST_CASE("gpu: a stream forked into the capture records into the same plan", "[
     out2.fill_bytes(0, s1);
     graph.replay(m.bind(lens), s1);
     INFO("step " << step);
-    CHECK(out1.download(s1) == expected(lens));
-    CHECK(out2.download(s1) == expected(lens));
+    CHECK(out1.download(s1) == expected_flat(lens));
+    CHECK(out2.download(s1) == expected_flat(lens));
   }
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s1));
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s2));
@@ -742,7 +673,7 @@ TEST_CASE("gpu: device memory stays flat over many capture/replay/destroy cycles
     if (i % 97 == 0) {
       d_out.fill_bytes(0, s);
       graph.replay(b, s);
-      CHECK(d_out.download(s) == expected(lens));
+      CHECK(d_out.download(s) == expected_flat(lens));
     }
   };  // the graph is destroyed here (synchronizes its stream first)
   for (int i = 0; i < 5; ++i) cycle(i);

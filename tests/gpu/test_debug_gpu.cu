@@ -15,56 +15,13 @@
 #include <vector>
 
 #include "gpu_test_support.hpp"
+#include "seed_kernels.cuh"
 
 using namespace graphsafe;
 using namespace graphsafe_test;
+using namespace graphsafe_test::seed;
 
 namespace {
-
-constexpr int kWindow = 4;
-constexpr int kRatio = 4;
-constexpr int kMaxLen = 512;
-constexpr int kOutW = kMaxLen / kRatio + kWindow;
-constexpr int kThreads = 128;
-
-__host__ __device__ inline std::int64_t cmp_value(int b, int c) { return 1'000'000LL * (b + 1) + 500'000 + c; }
-__host__ __device__ inline std::int64_t swa_value(int b, int pos) { return 1'000'000LL * (b + 1) + pos; }
-
-__global__ void fill_kernel(std::int64_t* ws, std::int64_t count, std::int64_t value) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    ws[i] = value;
-}
-
-__global__ void gather_kernel(std::int64_t* ws, std::int64_t N, std::int64_t M, const int* lens) {
-  const int b = blockIdx.x;
-  const int L = lens[b], n_c = L / kRatio, gb = L < kWindow ? L : kWindow;
-  for (int c = threadIdx.x; c < n_c; c += blockDim.x) ws[b * M + c] = cmp_value(b, c);
-  __syncthreads();
-  for (int i = threadIdx.x; i < gb; i += blockDim.x) ws[b * M + N + i] = swa_value(b, L - gb + i);
-}
-
-__global__ void attend_kernel(const std::int64_t* ws, std::int64_t N, std::int64_t M, const int* lens,
-                              std::int64_t* out) {
-  const int b = blockIdx.x;
-  const int L = lens[b], n_c = L / kRatio, gb = L < kWindow ? L : kWindow;
-  for (int c = threadIdx.x; c < n_c; c += blockDim.x) out[b * kOutW + c] = ws[b * M + c];
-  for (int i = threadIdx.x; i < gb; i += blockDim.x) out[b * kOutW + n_c + i] = ws[b * M + N + i];
-}
-
-struct Model {
-  Symbol R = Symbol::fixed("requests");
-  Symbol W = Symbol::fixed("window");
-  Symbol L = Symbol::batch("seq_lens", R, kMaxLen);
-  Extent n_c = max_over(L, [](const Extent& l) { return floor_div(l, kRatio); });
-  Extent g = max_over(L, [&](const Extent& l) { return min(l, Extent(W)); });
-  Bindings bind(const std::vector<int>& lens) const {
-    Bindings b;
-    b.set(R, static_cast<std::int64_t>(lens.size())).set(W, kWindow);
-    b.set(L, std::span<const std::int32_t>(lens.data(), lens.size()));
-    return b;
-  }
-};
 
 // The seed's decode step through the arena: two dimensions, the workspace, three kernels.
 struct Step {
@@ -80,15 +37,7 @@ struct Step {
     const std::int64_t G = arena.dimension(s, "kv.swa_rows", m.g, swa, b);
     const std::int64_t M = N + G;
     auto ws = arena.request(s, "kv", Extent(m.R) * M, sizeof(std::int64_t), capacity_bound, b);
-    const int R = static_cast<int>(b.value(m.R));
-    const std::int64_t count = ws.count();
-    const int blocks = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>((count + kThreads - 1) / kThreads, 1024)));
-    fill_kernel<<<blocks, kThreads, 0, s>>>(ws.as<std::int64_t>(), count, -3);
-    GRAPHSAFE_CUDA(cudaGetLastError());
-    gather_kernel<<<R, kThreads, 0, s>>>(ws.as<std::int64_t>(), N, M, d_lens);
-    GRAPHSAFE_CUDA(cudaGetLastError());
-    attend_kernel<<<R, kThreads, 0, s>>>(ws.as<std::int64_t>(), N, M, d_lens, d_out);
-    GRAPHSAFE_CUDA(cudaGetLastError());
+    launch_seed_step(s, ws.as<std::int64_t>(), ws.count(), N, M, d_lens, static_cast<int>(b.value(m.R)), d_out);
   }
 };
 
