@@ -121,15 +121,41 @@ elif [ ${#GPU_TESTS[@]} -eq 0 ]; then
   record FAIL "no GPU test executables under $BUILD_DIR/tests/gpu"
 else
   # One job per (tool, test); SANITIZE_JOBS of them at once (separate processes share the GPU fine).
+  # API errors a test makes on purpose, by test name (memcheck reports every failing CUDA call):
+  # test_debug_gpu: debug::probe walks a kernel's parameters with cudaFuncGetParamInfo until it fails
+  # (CUDA 13.0's runtime has no parameter-count call; src/debug_arena.cpp uses cuFuncGetParamCount
+  # where the driver has it) and clears that error; test_reliability_gpu: the out-of-memory tests
+  # exhaust a capped pool. Errors of any other kind still fail the run.
+  expected_api_errors() {
+    case $1 in
+      test_debug_gpu) echo 'cudaErrorInvalidValue .* call to (cudaFuncGetParamInfo|cudaGetLastError)\.' ;;
+      test_reliability_gpu) echo 'cudaErrorMemoryAllocation .* call to (cudaMallocFromPoolAsync|cudaMallocAsync|cudaMalloc|cudaGetLastError)\.' ;;
+      *) echo '^$' ;;
+    esac
+  }
+  # One job per (tool, test); SANITIZE_JOBS of them at once (separate processes share the GPU fine).
   san_one() {  # san_one <tool> <exe>: runs one sanitizer job, prints "<status>\t<what>"
     local tool=$1 exe=$2 name log rc
     name=$(basename "$exe")
     log="$OUT/$name.$tool.log"
-    GRAPHSAFE_RELIABILITY_CYCLES=$SAN_CYCLES GRAPHSAFE_RELIABILITY_ROUNDS=$SAN_ROUNDS timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+    GRAPHSAFE_SANITIZER_TOOL=$tool GRAPHSAFE_RELIABILITY_CYCLES=$SAN_CYCLES GRAPHSAFE_RELIABILITY_ROUNDS=$SAN_ROUNDS \
+      timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --print-limit 100000 --error-exitcode 99 \
       "$exe" >"$log" 2>&1
     rc=$?
     local counts
     counts=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases|All tests passed" "$log" | tr '\n' ' ' | tr -s ' ')
+    if [ $rc -eq 99 ] && [ "$tool" = memcheck ]; then
+      # All errors expected API errors and the tests passed -> ok, with the split in the summary.
+      local total hits expected
+      total=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | head -n 1)
+      hits=$(grep -c "Program hit" "$log")
+      expected=$(grep "Program hit" "$log" | grep -cE "$(expected_api_errors "$name")")
+      if [ "${total:-x}" = "$expected" ] && [ "$hits" = "$expected" ] && ! grep -q "FAILED" "$log" &&
+         grep -qE "All tests passed|test cases:.* 0 failed" "$log"; then
+        printf 'ok\t%s %s: %s (all %s = expected API errors, see the suite)\n' "$tool" "$name" "$counts" "$expected"
+        return
+      fi
+    fi
     case $rc in
       0) printf 'ok\t%s %s: %s\n' "$tool" "$name" "$counts" ;;
       124) printf 'FAIL\t%s %s: timed out after %ss (%s)\n' "$tool" "$name" "$SANITIZER_TIMEOUT" "$log" ;;
@@ -137,7 +163,7 @@ else
       *) printf 'FAIL\t%s %s: exit %s: %s (%s)\n' "$tool" "$name" "$rc" "$counts" "$log" ;;
     esac
   }
-  export -f san_one
+  export -f san_one expected_api_errors
   export OUT SAN_CYCLES SAN_ROUNDS SANITIZER_TIMEOUT SANITIZER
   banner "compute-sanitizer ($SANITIZE_TOOLS) on ${#GPU_TESTS[@]} GPU tests, $SANITIZE_JOBS at a time"
   # Tests that check device-wide memory (cudaMemGetInfo: VMM growth, the soak) run one at a time

@@ -194,7 +194,7 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   void graph_destroyed(Family& f, void* stream) noexcept;
 
   // Debug mode (src/debug_arena.cpp); called only when opts.debug is on.
-  void debug_slab_added(std::uintptr_t addr, std::uint64_t size);
+  void debug_slab_added(std::uintptr_t addr, std::uint64_t size, bool nvtx_heap = true);
   void debug_slab_removed(std::uintptr_t addr) noexcept;
   void debug_eager_taken(std::uintptr_t addr, std::uint64_t bytes, std::string_view name, const std::source_location& loc,
                          Stream s, bool guarded);

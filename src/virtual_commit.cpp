@@ -430,7 +430,7 @@ void virtual_begin_session(ArenaCore& core, SessionState& st) {
       }
       if (core.opts.debug) {
         std::lock_guard g(core.lock);
-        core.debug_slab_added(vf->base, vf->va_bytes);  // NVTX: the range is the workspaces' heap
+        core.debug_slab_added(vf->base, vf->va_bytes, /*nvtx_heap=*/false);
       }
       f.virt = std::move(vf);
       std::lock_guard g(core.virt->m);

@@ -21,7 +21,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -42,6 +44,14 @@ std::uint64_t used_bytes() {
   std::size_t free_b = 0, total = 0;
   GRAPHSAFE_CUDA(cudaMemGetInfo(&free_b, &total));
   return total - free_b;
+}
+
+// Device bytes that one mapped byte costs in cudaMemGetInfo: 1, but 2 under compute-sanitizer's
+// initcheck, which shadows every mapped byte with one of its own (seen on the H200: 28 MiB used for
+// 14 MiB of chunks). bench/run_gpu_suite.sh names the tool in GRAPHSAFE_SANITIZER_TOOL.
+std::uint64_t bytes_per_mapped_byte() {
+  const char* tool = std::getenv("GRAPHSAFE_SANITIZER_TOOL");
+  return tool && std::string_view(tool) == "initcheck" ? 2 : 1;
 }
 
 }  // namespace
@@ -177,7 +187,7 @@ TEST_CASE("VMM: device memory grows with the lengths, not to the capacity bound 
       // Device memory follows the chunks created (page tables may add a little).
       const std::uint64_t chunk_bytes = (vm->stats().chunks_created - created0) * G;
       CHECK(used + (8ull << 20) >= chunk_bytes);
-      CHECK(used <= chunk_bytes + (8ull << 20));
+      CHECK(used <= chunk_bytes * bytes_per_mapped_byte() + (8ull << 20));
       if (lens[0] == 4096) first_growth_committed = vs.committed_bytes;
       last_used = used;
       prev = vs.committed_bytes;
@@ -227,14 +237,16 @@ TEST_CASE("VMM: exact-at-capture in virtual mode is refused by the guard before 
 
 TEST_CASE("VMM: debug mode (canaries, NVTX registration) with virtual growth: grow, shrink, regrow, no findings",
           "[ds4][vmm][debug]") {
-  // Debug mode on the CUDA backend registers the family's address range as an NVTX heap and each
-  // workspace as a region, puts a 256-byte guard behind each workspace (mapped with it), fills it
-  // before replays and checks it after every replay. Run under compute-sanitizer memcheck too.
+  // Debug mode on the CUDA backend registers the plain eager slabs as NVTX heaps and their workspaces
+  // as regions (the family's virtual range is left out: compute-sanitizer rejects a heap over a
+  // piecewise-mapped reservation), puts a 256-byte guard behind each workspace (mapped with it), fills
+  // it before replays and checks it after every replay. Run under compute-sanitizer memcheck too: an
+  // NVTX call it rejects counts as an error there.
   constexpr int kMaxLen = 512;
   debug::clear_findings();
   Device dev;
   // Plain (cudaMalloc'd) eager slabs: debug mode registers NVTX heaps only where compute-sanitizer
-  // accepts them (not on stream-ordered pool memory), and that switch also covers the family's range.
+  // accepts them (not on stream-ordered pool memory, not on virtual reservations).
   CudaBackend backend(CudaBackendOptions{.plain_allocations = true});
   REQUIRE(backend.nvtx_heaps_supported());
   auto vm = std::make_shared<CudaVirtualMemory>();
