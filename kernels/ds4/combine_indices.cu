@@ -1,9 +1,11 @@
 // Index construction for the two attention paths (SPEC.md 4.2 step 8 and 5.1). One CTA per request;
-// exact integer twins of ref::combine_paged and ref::combine_gather. Lengths come from DEVICE
-// seq_lens; widths, N and M are launch arguments.
+// exact integer twins of ref::combine_paged and ref::combine_gather (strided gather layout) /
+// ref::combine_gather_ragged (ragged). Lengths come from DEVICE seq_lens; widths, N and M are launch
+// arguments.
 #include <graphsafe/ds4/kernels.hpp>
 
 #include "cuda_support.cuh"
+#include "ragged_rows.cuh"
 
 #include <climits>
 
@@ -45,20 +47,26 @@ __global__ void __launch_bounds__(256) combine_paged_kernel(const PagedIndexArgs
   if (threadIdx.x == 0) a.swa_lens[b] = swa;
 }
 
-__global__ void __launch_bounds__(256) combine_gather_kernel(const GatherIndexArgs a) {
+constexpr int kCombineGatherThreads = 256;
+
+__global__ void __launch_bounds__(kCombineGatherThreads) combine_gather_kernel(const GatherIndexArgs a) {
   const int b = blockIdx.x;
   const int L = max(a.seq_lens[b], 0);
   const int n_c = a.ratio > 1 ? L / a.ratio : 0;
   const int topk_len = a.ratio > 1 ? min(n_c, a.topk) : 0;
   const int swa = min(L, a.window);
-  const long long row0 = static_cast<long long>(b) * a.M;
+  // The rows gather_workspace wrote (kernels.hpp): strided at b*M (SWA at + N), ragged at row0(b)
+  // (SWA right after the n_c compressed rows). a.ragged is uniform: the whole CTA takes the branch.
+  const long long row0 = a.ragged ? ragged_row0<kCombineGatherThreads>(a.seq_lens, b, a.ratio, a.window)
+                                  : static_cast<long long>(b) * a.M;
+  const long long swa_row = a.ragged ? n_c : a.N;
   for (int i = threadIdx.x; i < a.width; i += blockDim.x) {
     long long v = -1;
     if (i < topk_len) {
       const int c = a.ratio == 4 ? a.topk_local[static_cast<long long>(b) * a.topk + i] : i;
       v = row0 + c;
     } else if (i < topk_len + swa) {
-      v = row0 + a.N + (i - topk_len);
+      v = row0 + swa_row + (i - topk_len);
     }
     a.idx[static_cast<long long>(b) * a.width + i] = static_cast<std::int32_t>(v);
   }
@@ -102,9 +110,10 @@ void combine_gather(const GatherIndexArgs& a, cudaStream_t stream) {
   if (a.ratio == 4) require_ptr(fn, "topk_local", a.topk_local);
   if (a.width <= 0) bad_arg(fn, "width", a.width, ">= 1");
   if (a.N < 0 || a.M < a.N) bad_arg(fn, "M - N", a.M - a.N, ">= 0 with N >= 0");
+  // Both layouts: the ragged rows lie below B*M when the sizes hold the problem (kernels.hpp).
   if (static_cast<long long>(a.batch) * a.M > INT_MAX)
     bad_arg(fn, "B*M", static_cast<long long>(a.batch) * a.M, "<= 2^31-1 (int32 indices)");
-  combine_gather_kernel<<<a.batch, 256, 0, stream>>>(a);
+  combine_gather_kernel<<<a.batch, kCombineGatherThreads, 0, stream>>>(a);
   check_launch(fn);
 }
 

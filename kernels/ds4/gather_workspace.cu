@@ -3,13 +3,20 @@
 // request's rows (the grid is static; n_c and swa_len come from device seq_lens). Two launches:
 // compressed rows, then SWA rows, like the seed.
 //
+// Two layouts (kernels.hpp): strided (request b at row b*M, its SWA rows at b*M + N: the seed's) and
+// ragged (request b at row0(b) = sum_{j<b} rows(j), computed per CTA from device seq_lens, its SWA
+// rows right after its n_c compressed rows), so that the rows written are one prefix of the
+// workspace (what a virtual-growth arena maps).
+//
 // NO BOUND CHECK against N or M, on purpose: this is the seed bug's kernel shape. If the caller's N is
 // below n_c, SWA rows land on compressed rows >= N; if swa_len > M - N, rows spill into request b+1
-// or past the workspace. graphsafe's sizing policies and replay guards exist to keep N and M valid;
-// the tests use this kernel to show the guards catch exactly that.
+// or past the workspace (strided; ragged, requests never overlap but rows past B*M run off the end).
+// graphsafe's sizing policies and replay guards exist to keep N and M valid; the tests use this
+// kernel to show the guards catch exactly that.
 #include <graphsafe/ds4/kernels.hpp>
 
 #include "cuda_support.cuh"
+#include "ragged_rows.cuh"
 
 #include <algorithm>
 
@@ -24,12 +31,8 @@ __device__ __forceinline__ void dequant_row_warp(const std::uint8_t* data, const
                                                  std::uint16_t* dst, int lane) {
   if (lane < 28) {
     const uint4 w = *reinterpret_cast<const uint4*>(data + lane * 16);
-    const float sc = ue8m0_to_float(scales[lane >> 2]);
     uint4 lo, hi;
-    dequant4(w.x, sc, lo.x, lo.y);
-    dequant4(w.y, sc, lo.z, lo.w);
-    dequant4(w.z, sc, hi.x, hi.y);
-    dequant4(w.w, sc, hi.z, hi.w);
+    dequant16(w, scales[lane >> 2], lo, hi);
     reinterpret_cast<uint4*>(dst + lane * 16)[0] = lo;
     reinterpret_cast<uint4*>(dst + lane * 16)[1] = hi;
   } else {
@@ -50,7 +53,11 @@ __global__ void __launch_bounds__(kWarps * 32) gather_kernel(const GatherArgs a,
   const int n_c = a.ratio > 1 ? L / a.ratio : 0;
   const int sl = min(L, a.window);
   const int p = L - 1;
-  const long long row0 = static_cast<long long>(b) * a.M;
+  // Strided: request b at b*M, SWA rows at offset N. Ragged: at row0(b), SWA rows after the n_c
+  // compressed rows (a.ragged is uniform over the grid: the whole CTA takes the branch).
+  const long long row0 = a.ragged ? ragged_row0<kWarps * 32>(a.seq_lens, b, a.ratio, a.window)
+                                  : static_cast<long long>(b) * a.M;
+  const long long swa_row = a.ragged ? n_c : a.N;
   const int r_begin = phase == 0 ? 0 : n_c, r_end = phase == 0 ? n_c : n_c + sl;
   for (int r = r_begin + blockIdx.x * kWarps + (threadIdx.x >> 5); r < r_end; r += gridDim.x * kWarps) {
     long long slot;
@@ -66,7 +73,7 @@ __global__ void __launch_bounds__(kWarps * 32) gather_kernel(const GatherArgs a,
       const int pos = p - sl + 1 + i;
       const int blk = a.swa_block_table[static_cast<long long>(b) * a.swa_blocks_per_req + pos / swa.block_tokens];
       slot = static_cast<long long>(blk) * swa.block_tokens + pos % swa.block_tokens;
-      dst = a.ws + (row0 + a.N + i) * kHeadDim;  // deliberately unchecked against M (see header)
+      dst = a.ws + (row0 + swa_row + i) * kHeadDim;  // deliberately unchecked against M (see header)
       cv = swa;
     }
     if (!cv.valid(slot)) continue;  // unallocated block: nothing to read

@@ -113,28 +113,47 @@ void combine_paged(const DecodeProblem& p, std::int32_t* cmp_idx, std::int32_t* 
   }
 }
 
-void gather_workspace(const DecodeProblem& p, int N, int M, float* ws) {
+namespace {
+
+// Where request b's rows start and where its SWA rows start within them, in either layout.
+struct RequestRows {
+  std::int64_t row0;
+  std::int64_t swa;
+};
+
+// Rows of request b in the ragged layout: n_c + swa_len (0 for seq_len 0; negative lengths count as
+// 0, as on the device).
+std::int64_t ragged_rows_of(const DecodeProblem& p, int b) {
+  const int L = std::max(p.seq_lens[b], 0);
+  return static_cast<std::int64_t>(visible_compressed(L, p.cfg.ratio)) + swa_len(L, p.cfg.window);
+}
+
+void gather_into(const DecodeProblem& p, int N, int M, float* ws, bool ragged) {
   validate(p);
   check_workspace(p, N, M);
   std::fill(ws, ws + static_cast<std::size_t>(p.batch) * M * kHeadDim, 0.0f);
   const PagedCache swa = swa_view(p);
   const PagedCache cmp = cmp_view(p);
+  std::int64_t next = 0;  // ragged: the first row of request b
   for (int b = 0; b < p.batch; ++b) {
     const int L = p.seq_lens[b];
-    float* base = ws + static_cast<std::size_t>(b) * M * kHeadDim;
     const int n_c = visible_compressed(L, p.cfg.ratio);
+    const RequestRows at = ragged ? RequestRows{next, n_c} : RequestRows{static_cast<std::int64_t>(b) * M, N};
+    next += ragged_rows_of(p, b);
+    float* base = ws + static_cast<std::size_t>(at.row0) * kHeadDim;
     for (int j = 0; j < n_c; ++j) dequantize_row(cmp, compressed_slot(p, b, j), base + static_cast<std::size_t>(j) * kHeadDim);
     const int g = swa_len(L, p.cfg.window);
     for (int i = 0; i < g; ++i) {
-      dequantize_row(swa, swa_slot(p, b, L - g + i), base + static_cast<std::size_t>(N + i) * kHeadDim);
+      dequantize_row(swa, swa_slot(p, b, L - g + i), base + static_cast<std::size_t>(at.swa + i) * kHeadDim);
     }
   }
 }
 
-void combine_gather(const DecodeProblem& p, int N, int M, std::int32_t* idx, std::int32_t* lens) {
+void combine_into(const DecodeProblem& p, int N, int M, std::int32_t* idx, std::int32_t* lens, bool ragged) {
   validate(p);
   check_workspace(p, N, M);
   const int width = p.cfg.combined_width();
+  std::int64_t next = 0;
   for (int b = 0; b < p.batch; ++b) {
     const int L = p.seq_lens[b];
     std::int32_t* row = idx + static_cast<std::size_t>(b) * width;
@@ -144,11 +163,39 @@ void combine_gather(const DecodeProblem& p, int N, int M, std::int32_t* idx, std
     if (static_cast<int>(picks.size()) + g > width) {
       fail("request ", b, " needs ", picks.size() + static_cast<std::size_t>(g), " indices but combined_width = ", width);
     }
+    const int n_c = visible_compressed(L, p.cfg.ratio);
+    const RequestRows at = ragged ? RequestRows{next, n_c} : RequestRows{static_cast<std::int64_t>(b) * M, N};
+    next += ragged_rows_of(p, b);
+    // Every row is below B*M (check_workspace), which fits int32.
     int k = 0;
-    for (int c : picks) row[k++] = b * M + c;
-    for (int i = 0; i < g; ++i) row[k++] = b * M + N + i;
+    for (int c : picks) row[k++] = static_cast<std::int32_t>(at.row0 + c);
+    for (int i = 0; i < g; ++i) row[k++] = static_cast<std::int32_t>(at.row0 + at.swa + i);
     lens[b] = k;
   }
+}
+
+}  // namespace
+
+void gather_workspace(const DecodeProblem& p, int N, int M, float* ws) { gather_into(p, N, M, ws, false); }
+
+void combine_gather(const DecodeProblem& p, int N, int M, std::int32_t* idx, std::int32_t* lens) {
+  combine_into(p, N, M, idx, lens, false);
+}
+
+std::int64_t ragged_row0(const DecodeProblem& p, int b) {
+  if (b < 0 || b > p.batch) fail("request b = ", b, " outside [0, batch = ", p.batch, "]");
+  if (p.seq_lens.size() < static_cast<std::size_t>(b)) fail("seq_lens.size() = ", p.seq_lens.size(), " < b = ", b);
+  std::int64_t row0 = 0;
+  for (int j = 0; j < b; ++j) row0 += ragged_rows_of(p, j);
+  return row0;
+}
+
+std::int64_t ragged_rows(const DecodeProblem& p) { return ragged_row0(p, p.batch); }
+
+void gather_workspace_ragged(const DecodeProblem& p, int N, int M, float* ws) { gather_into(p, N, M, ws, true); }
+
+void combine_gather_ragged(const DecodeProblem& p, int N, int M, std::int32_t* idx, std::int32_t* lens) {
+  combine_into(p, N, M, idx, lens, true);
 }
 
 }  // namespace graphsafe::ds4::ref

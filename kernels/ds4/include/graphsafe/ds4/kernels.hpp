@@ -69,10 +69,15 @@ struct PagedIndexArgs {
 };
 void combine_paged(const PagedIndexArgs& a, cudaStream_t stream);
 
-// (b) gather-path combined local indices (SPEC 4.2 step 8, q_len = 1) for workspace row width M and
-// compressed part N: idx[b, i] = b*M + c_i for the first topk_len compressed ids (C4: topk_local,
-// C128: 0..), then b*M + N + j for j < swa_len, then -1 up to `width`; lens[b] = topk_len + swa_len.
-// N and M are static launch arguments (exactly the seed's convention); nothing is clamped to them.
+// (b) gather-path combined local indices (SPEC 4.2 step 8, q_len = 1) into the gather workspace,
+// in either of its two layouts (see gather_workspace below; `ragged` picks one, as in GatherArgs):
+//   strided: idx[b, i] = b*M + c_i for the first topk_len compressed ids (C4: topk_local, C128: 0..),
+//            then b*M + N + j for j < swa_len;
+//   ragged:  idx[b, i] = row0(b) + c_i, then row0(b) + n_c(b) + j for j < swa_len;
+// then -1 up to `width`; lens[b] = topk_len + swa_len. N and M are static launch arguments (exactly
+// the seed's convention); nothing is clamped to them. row0(b) is computed on the device from seq_lens.
+// Both layouts: B*M must fit int32 (the indices are int32; the ragged rows are < B*M when the sizes
+// hold the problem).
 struct GatherIndexArgs {
   int batch = 0;
   int ratio = 4;
@@ -85,18 +90,32 @@ struct GatherIndexArgs {
   const std::int32_t* topk_local = nullptr;   // [B, K] (ratio 4 only)
   std::int32_t* idx = nullptr;                // out [B, width]
   std::int32_t* lens = nullptr;               // out [B]
+  bool ragged = false;                        // workspace layout: false = strided [B, M, 512], true =
+                                              // ragged (must match the GatherArgs the rows come from)
 };
 void combine_gather(const GatherIndexArgs& a, cudaStream_t stream);
 
 // ------------------------------------------------------------------------------------------------
-// gather_workspace.cu: dequantize into the bf16 workspace ws [B*M, 512] (SPEC 4.2 steps 5-6):
-//   ws[b*M + c]     = compressed entry c of request b, c < n_c = seq_lens[b] / ratio (ALL of them),
-//   ws[b*M + N + i] = SWA token p - swa_len + 1 + i, i < swa_len.
+// gather_workspace.cu: dequantize into the bf16 workspace ws [B*M, 512] (SPEC 4.2 steps 5-6). With
+// n_c(b) = L_b / ratio (ratio > 1, else 0; ALL of them, also for C4), swa_len(b) = min(L_b, W) and
+// L_b = max(seq_lens[b], 0), two layouts of the same rows in the same order:
+//  * strided (ragged = false; the seed's layout, [B, M, 512]): request b owns rows [b*M, b*M + M):
+//      ws[b*M + c]     = compressed entry c of request b, c < n_c(b),
+//      ws[b*M + N + i] = SWA token p - swa_len + 1 + i, i < swa_len(b).
+//    Every request's slice is addressed at a stride of M rows whatever its length.
+//  * ragged (ragged = true): request b's rows follow request b-1's, starting at
+//      row0(b) = sum_{j<b} (n_c(j) + swa_len(j))   (computed on the device from seq_lens),
+//      ws[row0 + c]        = compressed entry c, c < n_c(b),
+//      ws[row0 + n_c + i]  = SWA token p - swa_len + 1 + i, i < swa_len(b).
+//    The rows written are the prefix [0, row0(B)) of the workspace: what a virtual-growth arena maps
+//    (Footprint::prefix, docs/virtual_growth.md). N only bounds n_c; ws is still reserved as B*M rows,
+//    and row0(B) <= B*M whenever n_c(b) <= N and swa_len(b) <= M - N for every b.
 // n_c and swa_len come from DEVICE seq_lens; N and M are launch arguments. There is deliberately NO
-// bound check against N or M: with N < n_c the SWA rows overwrite compressed rows >= N and with
-// swa_len > M - N the writes run into request b+1's rows or past the workspace -- the silent
+// bound check against N or M: strided, with N < n_c the SWA rows overwrite compressed rows >= N and
+// with swa_len > M - N the writes run into request b+1's rows or past the workspace -- the silent
 // overwrite of the seed bug, reproduced on purpose so that graphsafe's guards can be shown to catch
-// it. The kernel is in bounds iff n_c <= N and swa_len <= M - N for every b.
+// it (ragged, requests never overlap, but rows past B*M run off the workspace's end). The kernel is in
+// bounds iff n_c <= N and swa_len <= M - N for every b (strided; ragged: iff row0(B) <= B*M).
 struct GatherArgs {
   int batch = 0;
   int ratio = 4;
@@ -111,6 +130,8 @@ struct GatherArgs {
   const std::int32_t* cmp_block_table = nullptr;
   int cmp_blocks_per_req = 0;
   std::uint16_t* ws = nullptr;                // bf16 [B*M, 512]
+  bool ragged = false;                        // layout: false = strided (b*M, b*M + N), true = ragged
+                                              // (row0(b), row0(b) + n_c(b)); see above
 };
 void gather_workspace(const GatherArgs& a, cudaStream_t stream);
 

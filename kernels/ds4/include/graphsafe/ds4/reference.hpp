@@ -118,6 +118,20 @@ void combine_paged(const DecodeProblem& p, std::int32_t* cmp_idx, std::int32_t* 
 void gather_workspace(const DecodeProblem& p, int N, int M, float* ws);
 void combine_gather(const DecodeProblem& p, int N, int M, std::int32_t* idx, std::int32_t* lens);
 
+// The same rows in the ragged layout (cuda::GatherArgs::ragged; what GatherDecode uses in
+// virtual-growth mode): request b's rows follow request b-1's, from
+//   ragged_row0(p, b) = sum_{j<b} (n_c(j) + swa_len(j))   (b in [0, batch]; ragged_row0(p, batch) =
+//                                                          ragged_rows(p), the rows written),
+// compressed rows 0..n_c-1 at row0 (ALL n_c rows), SWA rows at row0 + n_c. The workspace is still
+// ws[B*M*512] (rows from ragged_rows(p) on are 0) and the same checks apply (n_c <= N,
+// swa_len <= M - N, B*M within int32), so the ragged rows always fit it. combine_gather_ragged:
+//   [row0 + c for c in compressed_picks(b)] ++ [row0 + n_c + i for i < swa_len], then -1.
+// Request b attends the same rows in the same order as with the strided layout.
+std::int64_t ragged_row0(const DecodeProblem& p, int b);
+std::int64_t ragged_rows(const DecodeProblem& p);
+void gather_workspace_ragged(const DecodeProblem& p, int N, int M, float* ws);
+void combine_gather_ragged(const DecodeProblem& p, int N, int M, std::int32_t* idx, std::int32_t* lens);
+
 // ---- attention with sink (reference/sparse_attention.cpp), SPEC.md 2.5 / 7.4 -----------------
 
 inline constexpr float kSoftmaxScale = 0.044194173824159216f;  // 512^-0.5
