@@ -46,8 +46,21 @@ std::int64_t splits_for(const LayerConfig& cfg, int batch) {
 }
 }  // namespace
 
-GatherDecode::GatherDecode(Arena& arena, const LayerConfig& cfg, const Ds4Symbols& syms, Sizing sizing)
-    : arena_(arena), cfg_(cfg), syms_(syms), sizing_(sizing), swa_bound_(Extent(syms.window)) {}
+namespace {
+GatherLayout resolve_layout(GatherLayout layout, const Arena& arena) {
+  if (layout != GatherLayout::automatic) return layout;
+  return arena.options().virtual_memory ? GatherLayout::ragged : GatherLayout::strided;
+}
+}  // namespace
+
+GatherDecode::GatherDecode(Arena& arena, const LayerConfig& cfg, const Ds4Symbols& syms, Sizing sizing,
+                           GatherLayout layout)
+    : arena_(arena),
+      cfg_(cfg),
+      syms_(syms),
+      sizing_(sizing),
+      swa_bound_(Extent(syms.window)),
+      layout_(resolve_layout(layout, arena)) {}
 
 StepSizes GatherDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindings& b, std::uint16_t* out) {
   const int r = cfg_.ratio;
@@ -64,18 +77,27 @@ StepSizes GatherDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindin
   z.M = z.N + z.G;
   const int width = cfg_.combined_width();
   const std::int64_t splits = splits_for(cfg_, R);
-  // Every extent below is static once N and G are fixed: the guards live on the dimensions.
+  // Every extent below is static once N and G are fixed: the guards live on the dimensions. Both
+  // layouts reserve R*M rows: n_c(b) <= N and min(L_b, W) <= G for every b (what the guards keep)
+  // put the ragged rows below R*M too.
   const Extent kv_need = Extent(syms_.requests) * z.M * kHeadDim;
-  // Virtual growth (ArenaOptions::virtual_memory): only the rows the gather writes are mapped. Per
-  // request b: compressed rows [b*M, b*M + n_c) and SWA rows [b*M + N, b*M + N + min(L, W)).
-  auto kv = !arena_.options().virtual_memory
-                ? arena_.request(s, "ds4.kv", kv_need, 2, capacity_bound, b)
-                : arena_.request(s, "ds4.kv", kv_need, 2, capacity_bound, b,
-                                 Footprint::per_request_ranges(syms_.seq_lens, z.M * kHeadDim, [&](const Extent& l) {
-                                   return std::vector<FootprintRange>{
-                                       {0, r > 1 ? floor_div(l, r) * kHeadDim : Extent(0)},
-                                       {z.N * kHeadDim, min(l, Extent(W)) * kHeadDim}};
-                                 }));
+  const bool ragged = layout_ == GatherLayout::ragged;
+  // Virtual growth (ArenaOptions::virtual_memory): only the rows the gather writes are mapped.
+  //  ragged:  one prefix, sum_b (n_c(b) + min(L_b, W)) rows;
+  //  strided: per request b, compressed rows [b*M, b*M + n_c) and SWA rows [b*M + N, b*M + N + min(L, W)).
+  auto footprint = [&]() -> Footprint {
+    if (ragged)
+      return Footprint::prefix(sum_over(syms_.seq_lens, [&](const Extent& l) {
+                                 return (r > 1 ? floor_div(l, r) : Extent(0)) + min(l, Extent(W));
+                               }) *
+                               kHeadDim);
+    return Footprint::per_request_ranges(syms_.seq_lens, z.M * kHeadDim, [&](const Extent& l) {
+      return std::vector<FootprintRange>{{0, r > 1 ? floor_div(l, r) * kHeadDim : Extent(0)},
+                                         {z.N * kHeadDim, min(l, Extent(W)) * kHeadDim}};
+    });
+  };
+  auto kv = !arena_.options().virtual_memory ? arena_.request(s, "ds4.kv", kv_need, 2, capacity_bound, b)
+                                             : arena_.request(s, "ds4.kv", kv_need, 2, capacity_bound, b, footprint());
   auto idx = arena_.request(s, "ds4.combined_indices", Extent(syms_.requests) * width, 4, capacity_bound, b);
   auto lens = arena_.request(s, "ds4.combined_lens", Extent(syms_.requests), 4, capacity_bound, b);
   auto scratch = attention_scratch(arena_, s, cfg_, R, splits, b);
@@ -93,6 +115,7 @@ StepSizes GatherDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindin
   ia.topk_local = d.topk_local;
   ia.idx = idx.as<std::int32_t>();
   ia.lens = lens.as<std::int32_t>();
+  ia.ragged = ragged;
   cuda::combine_gather(ia, s.cuda());
 
   cuda::GatherArgs ga;
@@ -109,6 +132,7 @@ StepSizes GatherDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindin
   ga.cmp_block_table = d.cmp_block_table;
   ga.cmp_blocks_per_req = d.cmp_blocks_per_req;
   ga.ws = kv.as<std::uint16_t>();
+  ga.ragged = ragged;
   cuda::gather_workspace(ga, s.cuda());
 
   cuda::WorkspaceAttentionArgs aa;

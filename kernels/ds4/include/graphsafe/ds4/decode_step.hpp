@@ -10,6 +10,10 @@
 //   Sizing::capacity -> capacity_bound for both (G: min(max_model_len, W) -- for one query token per
 //                       request this equals the static query bound; it differs once q_len > 1)
 //   Sizing::exact    -> exact_at_capture for both: the seed's behaviour, reported and refused by guards
+// The workspace has two layouts of the same rows (GatherLayout, kernels.hpp): strided (the seed's
+// [R, M, 512], request b at row b*M) and ragged (request b's rows right after request b-1's). Both
+// reserve R*M rows; in virtual-growth mode (ArenaOptions::virtual_memory) only the rows written are
+// mapped, and with the ragged layout those are one prefix of the workspace (docs/virtual_growth.md).
 // The paged-direct path needs no gather workspace; its index lists and scratch are static requests.
 #pragma once
 
@@ -26,6 +30,20 @@
 namespace graphsafe::ds4 {
 
 enum class Sizing { safe, exact, capacity };
+
+// Layout of GatherDecode's kv workspace (cuda::GatherArgs::ragged). The rows, their order and so the
+// attention output are the same in both; what differs is where a request's rows sit.
+//   strided:   request b at rows [b*M, b*M + M), SWA rows at b*M + N (the seed's layout). In virtual
+//              mode its footprint is two ranges per request (Footprint::per_request_ranges), each
+//              ending inside a partly used granule: committed memory cannot go below one to three
+//              granules per request.
+//   ragged:    request b at row0(b) = sum_{j<b} (n_c(j) + min(L_j, W)), computed by the kernels from
+//              device seq_lens. In virtual mode the footprint is one prefix,
+//              sum_over(L, n_c(l) + min(l, W)) rows: committed <= need + one granule.
+//   automatic: ragged when the arena runs in virtual-growth mode, strided otherwise (without virtual
+//              memory the whole R*M reservation is backed either way, and strided keeps the seed's
+//              shape that the overlap tests rely on).
+enum class GatherLayout { strided, ragged, automatic };
 
 // The policies GatherDecode sizes N (compressed rows) and G (SWA rows) with. `swa_bound` is the
 // static query bound for G (Sizing::safe). Shared with host-side mirrors (examples/ds4_decode_demo).
@@ -49,9 +67,12 @@ struct StepSizes {
 
 class GatherDecode {
  public:
-  GatherDecode(Arena& arena, const LayerConfig& cfg, const Ds4Symbols& syms, Sizing sizing);
+  GatherDecode(Arena& arena, const LayerConfig& cfg, const Ds4Symbols& syms, Sizing sizing,
+               GatherLayout layout = GatherLayout::automatic);
   // Enqueue the step on `s` (capturable): sizes through the arena, then combine, gather, attend.
   StepSizes run(Stream s, const cuda::DeviceProblem& d, const Bindings& b, std::uint16_t* out);
+  // The layout in use: strided or ragged (automatic is resolved against the arena at construction).
+  GatherLayout layout() const { return layout_; }
 
  private:
   Arena& arena_;
@@ -59,6 +80,7 @@ class GatherDecode {
   const Ds4Symbols& syms_;
   Sizing sizing_;
   StaticQueryBound swa_bound_;
+  GatherLayout layout_;
 };
 
 class PagedDecode {
