@@ -752,6 +752,94 @@ TEST_CASE("combine_gather: capture-time sizes that cannot hold a grown batch are
   CHECK_NOTHROW(ref::combine_gather(c1, 0, 4, idx.data(), len.data()));
 }
 
+TEST_CASE("ragged gather layout: the strided layout's rows packed request after request, same order",
+          "[ds4][combine][ragged]") {
+  std::vector<Case> cases = edge_cases();
+  for (int r : {1, 4, 128}) cases.push_back({r, {0, 17, 5, 0, 512, 3, 130, 1}});  // padded slots between
+  for (const Case& k : cases) {
+    for (const bool tight : {false, true}) {
+      ds4::DecodeProblem p = ds4::make_problem(tiny(k.ratio), k.lens, 500 + k.ratio);
+      const int B = p.batch, W = p.cfg.window, width = p.cfg.combined_width();
+      int N = p.cfg.compressed_capacity(), G = W;
+      if (tight) {  // exact-fit sizes: the ragged rows still fit B*M
+        N = 0, G = 0;
+        for (int L : k.lens) N = std::max(N, ds4::visible_compressed(L, k.ratio)), G = std::max(G, std::min(L, W));
+      }
+      const int M = N + G;
+      INFO("ratio " << k.ratio << " batch " << B << " lens[1] " << k.lens[1] << " N " << N << " M " << M);
+      std::vector<float> ws_s(static_cast<std::size_t>(B) * M * 512, -7.0f), ws_r(ws_s.size(), -7.0f);
+      std::vector<std::int32_t> idx_s(B * width, 77), idx_r(B * width, 77), len_s(B, 77), len_r(B, 77);
+      ref::gather_workspace(p, N, M, ws_s.data());
+      ref::combine_gather(p, N, M, idx_s.data(), len_s.data());
+      ref::gather_workspace_ragged(p, N, M, ws_r.data());
+      ref::combine_gather_ragged(p, N, M, idx_r.data(), len_r.data());
+      auto row = [](const std::vector<float>& ws, std::int64_t r) { return ws.begin() + r * 512; };
+      std::int64_t row0 = 0;
+      for (int b = 0; b < B; ++b) {
+        const int L = k.lens[b];
+        const int n_c = k.ratio > 1 ? L / k.ratio : 0, g = std::min(L, W);
+        REQUIRE(ref::ragged_row0(p, b) == row0);
+        // Rows: compressed c at row0 + c, SWA i at row0 + n_c + i -- the strided rows b*M + c, b*M + N + i.
+        for (int c = 0; c < n_c; ++c)
+          REQUIRE(std::equal(row(ws_s, std::int64_t(b) * M + c), row(ws_s, std::int64_t(b) * M + c) + 512, row(ws_r, row0 + c)));
+        for (int i = 0; i < g; ++i)
+          REQUIRE(std::equal(row(ws_s, std::int64_t(b) * M + N + i), row(ws_s, std::int64_t(b) * M + N + i) + 512,
+                             row(ws_r, row0 + n_c + i)));
+        // Indices: [row0 + c for picks] ++ [row0 + n_c + i], then -1; the same lengths.
+        std::vector<int> want;
+        for (int c : expected_picks(p, b)) want.push_back(static_cast<int>(row0) + c);
+        for (int i = 0; i < g; ++i) want.push_back(static_cast<int>(row0) + n_c + i);
+        REQUIRE(len_r[b] == static_cast<int>(want.size()));
+        REQUIRE(len_r[b] == len_s[b]);
+        want.resize(width, -1);
+        REQUIRE(std::vector<int>(idx_r.begin() + b * width, idx_r.begin() + (b + 1) * width) == want);
+        // Request b attends the same row contents in the same order in both layouts.
+        for (int i = 0; i < len_r[b]; ++i) {
+          const std::int64_t rs = idx_s[b * width + i], rr = idx_r[b * width + i];
+          REQUIRE(std::equal(row(ws_s, rs), row(ws_s, rs) + 512, row(ws_r, rr)));
+        }
+        row0 += n_c + g;
+      }
+      REQUIRE(ref::ragged_rows(p) == row0);
+      REQUIRE(ref::ragged_row0(p, B) == row0);
+      REQUIRE(row0 <= std::int64_t(B) * M);  // n_c <= N and swa_len <= G: the packed rows fit B*M
+      for (std::size_t e = static_cast<std::size_t>(row0) * 512; e < ws_r.size(); ++e) REQUIRE(ws_r[e] == 0.0f);
+      // The gather-path attention over either layout is the same fp32 computation: equal exactly.
+      std::vector<float> a_s(static_cast<std::size_t>(B) * 4 * 512), a_r(a_s.size());
+      ref::attention_over_workspace(p, ws_s.data(), std::int64_t(B) * M, idx_s.data(), len_s.data(), width, a_s.data());
+      ref::attention_over_workspace(p, ws_r.data(), std::int64_t(B) * M, idx_r.data(), len_r.data(), width, a_r.data());
+      REQUIRE(a_r == a_s);
+    }
+  }
+  // A hand case: C4, W = 4, lens {17, 5, 0, 9}: rows 4+4, 1+4, 0, 2+4 -> row0 = 0, 8, 13, 13; 19 rows.
+  ds4::DecodeProblem h = ds4::make_problem(tiny(4), {17, 5, 0, 9}, 3, ds4::Picks::last8);
+  CHECK(ref::ragged_row0(h, 0) == 0);
+  CHECK(ref::ragged_row0(h, 1) == 8);
+  CHECK(ref::ragged_row0(h, 2) == 13);
+  CHECK(ref::ragged_row0(h, 3) == 13);
+  CHECK(ref::ragged_rows(h) == 19);
+  std::vector<std::int32_t> idx(4 * 128), len(4);
+  ref::combine_gather_ragged(h, 128, 132, idx.data(), len.data());
+  CHECK(std::vector<int>(idx.begin() + 128, idx.begin() + 128 + 6) == std::vector<int>{8, 9, 10, 11, 12, -1});
+  CHECK(len == std::vector<std::int32_t>{8, 5, 0, 6});
+  CHECK(idx[256] == -1);
+  CHECK_THROWS_WITH(ref::ragged_row0(h, 5), Contains("b = 5") && Contains("batch = 4"));
+  CHECK_THROWS_WITH(ref::ragged_row0(h, -1), Contains("b = -1"));
+}
+
+TEST_CASE("ragged gather layout: the same capture-time sizes are rejected as with the strided one",
+          "[ds4][combine][ragged]") {
+  std::vector<float> ws(1 << 16);
+  std::vector<std::int32_t> idx(1024), len(2);
+  ds4::DecodeProblem c4 = ds4::make_problem(tiny(4), {15, 17}, 1);  // captured N = 1, M = 5
+  CHECK_THROWS_WITH(ref::combine_gather_ragged(c4, 1, 5, idx.data(), len.data()), Contains("n_c = 3") && Contains("N = 1"));
+  CHECK_THROWS_AS(ref::gather_workspace_ragged(c4, 1, 5, ws.data()), std::invalid_argument);
+  ds4::DecodeProblem c1 = ds4::make_problem(tiny(1), {3, 5}, 1);  // G = 1
+  CHECK_THROWS_WITH(ref::gather_workspace_ragged(c1, 0, 1, ws.data()), Contains("swa_len = 3") && Contains("M - N = 1"));
+  CHECK_NOTHROW(ref::combine_gather_ragged(c4, 128, 132, idx.data(), len.data()));
+  CHECK_NOTHROW(ref::gather_workspace_ragged(c1, 0, 4, ws.data()));
+}
+
 // ============================================ attention ==========================================
 
 TEST_CASE("sparse_attention agrees with a naive double recomputation on the edge cases", "[ds4][attention]") {
