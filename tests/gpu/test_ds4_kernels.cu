@@ -154,6 +154,45 @@ AttnRun run_attention(const ds4::DecodeProblem& p, int forced_splits, cudaStream
   return r;
 }
 
+// The gather path (combine_gather + gather_workspace + sparse_attention_workspace) with sizes N, M in
+// one layout; the workspace starts poisoned with 0xFF bytes except where `zero_ws`.
+struct GatherPath {
+  std::vector<std::int32_t> idx, lens;
+  std::vector<std::uint16_t> ws, out;
+};
+GatherPath run_gather_path(const ds4::DecodeProblem& p, const gk::DeviceProblem& d, int N, int M, bool ragged,
+                           bool zero_ws) {
+  const ds4::LayerConfig& c = p.cfg;
+  const int B = p.batch, H = c.heads, width = c.combined_width();
+  Dev<std::uint16_t> ws(static_cast<std::size_t>(B) * M * 512);
+  ws.fill_byte(zero_ws ? 0 : 0xFF);
+  Dev<std::int32_t> idx(static_cast<std::size_t>(B) * width), lens(B);
+  gk::GatherIndexArgs gi;
+  gi.batch = B; gi.ratio = c.ratio; gi.window = c.window;
+  gi.topk = c.ratio == 4 ? c.topk : c.compressed_width(); gi.width = width; gi.N = N; gi.M = M;
+  gi.seq_lens = d.seq_lens; gi.topk_local = d.topk_local; gi.idx = idx.get(); gi.lens = lens.get();
+  gi.ragged = ragged;
+  gk::combine_gather(gi, nullptr);
+  gk::GatherArgs ga;
+  ga.batch = B; ga.ratio = c.ratio; ga.window = c.window; ga.N = N; ga.M = M; ga.seq_lens = d.seq_lens;
+  ga.swa = d.swa; ga.swa_block_table = d.swa_block_table; ga.swa_blocks_per_req = d.swa_blocks_per_req;
+  ga.cmp = d.cmp; ga.cmp_block_table = d.cmp_block_table; ga.cmp_blocks_per_req = d.cmp_blocks_per_req;
+  ga.ws = ws.get();
+  ga.ragged = ragged;
+  gk::gather_workspace(ga, nullptr);
+  const int splits = gk::choose_splits(B, H, width, gk::device_sm_count());
+  Dev<std::uint8_t> scratch(std::max<std::size_t>(16, gk::sparse_attention_scratch_bytes(B, H, splits)));
+  Dev<std::uint16_t> out(static_cast<std::size_t>(B) * H * 512);
+  out.fill_byte(0xFF);
+  gk::WorkspaceAttentionArgs wa;
+  wa.c.batch = B; wa.c.heads = H; wa.c.q = d.q; wa.c.sink = d.sink; wa.c.out = out.get();
+  wa.c.splits = splits; wa.c.scratch = scratch.get();
+  wa.ws = ws.get(); wa.ws_rows = static_cast<std::int64_t>(B) * M; wa.idx = idx.get(); wa.width = width;
+  wa.lens = lens.get();
+  gk::sparse_attention_workspace(wa, nullptr);
+  return GatherPath{idx.download(), lens.download(), ws.download(), out.download()};
+}
+
 }  // namespace
 
 TEST_CASE("quantize_insert writes the reference's bytes exactly (fp32 and bf16 rows)", "[ds4][quantize]") {
@@ -332,6 +371,73 @@ TEST_CASE("combine_paged / combine_gather / gather_workspace equal the reference
   }
 }
 
+TEST_CASE("ragged layout: combine_gather / gather_workspace equal the reference exactly, attention equals strided",
+          "[ds4][combine][gather][ragged]") {
+  // Batches of 17 (edge lengths, padded slots) and 600 (random, a fifth padded): the device row0 sums
+  // less than one and several lengths per thread of its 256-thread CTA.
+  const std::vector<std::int32_t> small = {0, 1, 3, 5, 15, 17, 127, 128, 129, 255, 0, 257, 511, 512, 1000, 2047, 4096};
+  std::vector<std::int32_t> big(600);
+  std::mt19937 rng(2024);
+  for (auto& l : big) l = rng() % 5 == 0 ? 0 : static_cast<std::int32_t>(rng() % 201);
+  for (const int ratio : {1, 4, 128}) {
+    for (const bool large : {false, true}) {
+      SECTION("ratio " + std::to_string(ratio) + (large ? ", batch 600" : ", batch 17")) {
+        ds4::LayerConfig cfg;
+        cfg.ratio = ratio; cfg.heads = 64;
+        cfg.window = large ? 16 : 128; cfg.topk = large ? 16 : 512; cfg.max_model_len = large ? 512 : 4096;
+        const auto& lens = large ? big : small;
+        const auto p = ds4::make_problem(cfg, lens, 321 + ratio, ds4::Picks::random);
+        const int B = p.batch, W = cfg.window, width = cfg.combined_width();
+        gk::DeviceProblem d = gk::upload(p);
+        int n_max = 0, g_max = 0;
+        for (int L : lens) n_max = std::max(n_max, ds4::visible_compressed(L, ratio)), g_max = std::max(g_max, std::min(L, W));
+        // Exact sizes, and capacity sizes (the small batch only: the large one's strided float
+        // reference would be ~0.3 GB).
+        std::vector<std::pair<int, int>> sizes{{n_max, n_max + g_max}};
+        if (!large) sizes.push_back({cfg.compressed_capacity(), cfg.compressed_capacity() + W});
+        for (const auto [N, M] : sizes) {
+          INFO("N " << N << " M " << M);
+          std::vector<std::int32_t> w_idx(static_cast<std::size_t>(B) * width), w_len(B);
+          ds4::ref::combine_gather_ragged(p, N, M, w_idx.data(), w_len.data());
+          std::vector<float> w_ws(static_cast<std::size_t>(B) * M * 512);
+          ds4::ref::gather_workspace_ragged(p, N, M, w_ws.data());
+          const std::int64_t rows = ds4::ref::ragged_rows(p);
+          REQUIRE(rows <= static_cast<std::int64_t>(B) * M);
+
+          const GatherPath rg = run_gather_path(p, d, N, M, /*ragged=*/true, /*zero_ws=*/true);
+          CHECK(rg.idx == w_idx);
+          CHECK(rg.lens == w_len);
+          std::size_t mism = 0;
+          for (std::size_t i = 0; i < rg.ws.size(); ++i) mism += bf(rg.ws[i]) != w_ws[i] ? 1 : 0;
+          CHECK(mism == 0);  // the packed rows, and nothing written from row `rows` on
+
+          // Same rows, same order as the strided layout: the attention output is equal bit for bit
+          // (the strided workspace is NaN-poisoned where it is not written).
+          const GatherPath sg = run_gather_path(p, d, N, M, /*ragged=*/false, /*zero_ws=*/false);
+          CHECK(sg.lens == rg.lens);
+          CHECK(sg.out == rg.out);
+          std::size_t row_mism = 0;
+          for (int b = 0; b < B; ++b)
+            for (int i = 0; i < rg.lens[b]; ++i) {
+              const std::size_t rr = rg.idx[static_cast<std::size_t>(b) * width + i];
+              const std::size_t rs = sg.idx[static_cast<std::size_t>(b) * width + i];
+              row_mism += std::memcmp(&rg.ws[rr * 512], &sg.ws[rs * 512], 512 * 2) != 0 ? 1 : 0;
+            }
+          CHECK(row_mism == 0);
+          if (!large) {  // and within the stated tolerance of the CPU reference
+            std::vector<float> want(static_cast<std::size_t>(B) * cfg.heads * 512);
+            ds4::ref::sparse_attention(p, want.data());
+            const ErrStats e = compare_attention(rg.out, want, B, cfg.heads);
+            INFO("ragged gather path max rel " << e.max_rel);
+            CHECK(e.max_rel <= 1e-2);
+            CHECK(e.bad_zero == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("gather_workspace reproduces the seed's overwrite when N is undersized", "[ds4][gather][seed]") {
   // SPEC.md 4.3 worked example: W = 4, capture at [3,5] -> N = 1, M = 5; replay at [15,17].
   ds4::LayerConfig cfg;
@@ -452,6 +558,13 @@ TEST_CASE("launchers reject bad arguments with std::invalid_argument", "[ds4][ar
   gk::GatherIndexArgs gi;
   gi.batch = 1; gi.ratio = 3;
   CHECK_THROWS_AS(gk::combine_gather(gi, nullptr), std::invalid_argument);
+  {  // the ragged layout keeps the int32 bound on B*M (its rows lie below B*M)
+    std::int32_t dummy[4] = {};
+    gk::GatherIndexArgs r;
+    r.batch = 2; r.ratio = 4; r.width = 128; r.N = 0; r.M = 0x7FFFFFFF; r.ragged = true;
+    r.seq_lens = dummy; r.topk_local = dummy; r.idx = dummy; r.lens = dummy;
+    CHECK_THROWS_WITH(gk::combine_gather(r, nullptr), Catch::Contains("B*M"));
+  }
   CHECK_THROWS_AS(gk::quantize_insert_f32(nullptr, nullptr, 4, {}, nullptr), std::invalid_argument);
   CHECK_THROWS_AS(gk::choose_splits(4, 32, 640, 132), std::invalid_argument);
 }
