@@ -3,8 +3,10 @@
 // Only the virtual-growth mode reads it (ArenaOptions::virtual_memory, docs/virtual_growth.md): a
 // captured workspace is reserved at its policy's bound as address space, and physical memory is
 // mapped only behind the footprint. Without a footprint a request's footprint is its whole need
-// (a prefix of `need` elements). The touched part is not always a prefix: DS4's gather workspace
-// [R, M, 512] touches, for each request b, rows [b*M, b*M + n_c(b)) and [b*M + N, b*M + N + G(b)):
+// (a prefix of `need` elements). The touched part is not always a prefix: DS4's gather workspace in
+// its strided layout [R, M, 512] touches, for each request b, rows [b*M, b*M + n_c(b)) and
+// [b*M + N, b*M + N + G(b)) (its ragged layout, GatherDecode's default in virtual mode, touches one
+// prefix: Footprint::prefix(sum_over(L, n_c(l) + G(l)) * 512)):
 //
 //   Footprint::per_request_ranges(seq_lens, M * 512, [&](const Extent& l) {
 //     return std::vector<FootprintRange>{{0, floor_div(l, 4) * 512},            // compressed rows
