@@ -106,16 +106,66 @@ __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
 // UE8M0 byte -> 2^(byte-127) (byte 0 -> 0, never produced by the quantizer: amax >= 1e-4).
 __device__ __forceinline__ float ue8m0_to_float(unsigned byte) { return __uint_as_float(byte << 23); }
 
-// 4 fp8 e4m3 (one 32-bit word) * scale -> 4 bf16 (two 32-bit words). Exact: e4m3 -> f16 is exact,
-// times a power of two is exact in fp32, and 4 significant bits fit bf16.
-__device__ __forceinline__ void dequant4(std::uint32_t w, float scale, std::uint32_t& lo,
-                                         std::uint32_t& hi) {
+// 4 fp8 e4m3 (one 32-bit word) * scale -> 4 bf16 (two 32-bit words), through fp32. Exact: e4m3 ->
+// f16 is exact, times a power of two is exact in fp32, and 4 significant bits fit bf16. Kept as the
+// reference for dequant16 (tests/gpu/test_ds4_kernels.cu compares the two on every byte and scale).
+__device__ __forceinline__ void dequant4_via_f32(std::uint32_t w, float scale, std::uint32_t& lo,
+                                                 std::uint32_t& hi) {
   const __half2_raw h0 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFF), __NV_E4M3);
   const __half2_raw h1 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
   const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&h0));
   const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&h1));
   lo = pack_bf16x2(f0.x * scale, f0.y * scale);
   hi = pack_bf16x2(f1.x * scale, f1.y * scale);
+}
+
+// Two e4m3 bytes of w (bytes 0, 1 with kSel = 0x9180; bytes 2, 3 with 0xB3A2) -> the bf16x2 bit
+// patterns of their values times 2^-120: sign to bit 15, exponent+mantissa (7 bits) to bits 4-10.
+// bf16 and e4m3 subnormals line up (e4m3 exponent 0 -> bf16 exponent 0), so every finite byte maps
+// exactly. prmt puts each byte in the low half of its 16-bit lane and its sign, replicated (selector
+// bit 3), in the high half; << 4 moves em to bits 4-10 and a sign copy to bit 15; the mask keeps
+// those (3 instructions: prmt, shift, and).
+template <unsigned kSel>
+__device__ __forceinline__ std::uint32_t e4m3x2_to_bf16x2_bits(std::uint32_t w) {
+  std::uint32_t q;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(q) : "r"(w), "n"(kSel));
+  return (q << 4) & 0x87F087F0u;
+}
+
+// 16 fp8 e4m3 values (one 16-byte chunk of a tile) * 2^(scale_byte - 127) -> 16 bf16 (lo: values
+// 0-7, hi: 8-15), bit-identical to dequant4_via_f32 for every finite byte (the quantizer saturates:
+// no NaN bytes). Why not dequant4_via_f32: its fp8 -> f16 -> f32 -> bf16 chain is four instructions
+// of the conversion pipe per 4 values, 16 lanes/clock/SM on sm_90 -- the warp-specialized attention
+// kernel's producer was bound by it. Here: a byte permute, a shift and a mask place the bits,
+// and one or two bf16x2 multiplies (FMA pipe; bf16 arithmetic keeps subnormals) apply 2^120 * scale.
+__device__ __forceinline__ void dequant16(const uint4& w, unsigned scale_byte, uint4& lo, uint4& hi) {
+  // 2^120 * scale = 2^(scale_byte - 7): one bf16 factor while that is finite (scale_byte <= 134),
+  // else 2^(scale_byte - 134) then 2^127 (exact: the first product is >= 2^-129 with <= 4 bits).
+  // Real KV scales stay far below; bytes 0 (2^-127) and 255 (2^128) are exact too, like the CPU
+  // reference (the fp32 path reads them as 0 and inf).
+  const bool one = scale_byte <= 134u;
+  const std::uint32_t f1 = one ? (scale_byte + 120u) << 7 : (scale_byte - 7u) << 7;
+  const std::uint32_t f2 = 254u << 7;  // 2^127
+  const std::uint32_t f1x2 = f1 * 0x10001u, f2x2 = f2 * 0x10001u;
+  const __nv_bfloat162 m1 = *reinterpret_cast<const __nv_bfloat162*>(&f1x2);
+  const __nv_bfloat162 m2 = *reinterpret_cast<const __nv_bfloat162*>(&f2x2);
+  const std::uint32_t in[4] = {w.x, w.y, w.z, w.w};
+  std::uint32_t out[8];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    std::uint32_t a = e4m3x2_to_bf16x2_bits<0x9180>(in[k]);  // bytes 0, 1
+    std::uint32_t b = e4m3x2_to_bf16x2_bits<0xB3A2>(in[k]);  // bytes 2, 3
+    __nv_bfloat162 va = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), m1);
+    __nv_bfloat162 vb = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&b), m1);
+    if (!one) {
+      va = __hmul2(va, m2);
+      vb = __hmul2(vb, m2);
+    }
+    out[2 * k] = *reinterpret_cast<const std::uint32_t*>(&va);
+    out[2 * k + 1] = *reinterpret_cast<const std::uint32_t*>(&vb);
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
 // Byte address of a token's data / scales in a paged cache.

@@ -31,12 +31,8 @@ __device__ __forceinline__ void dequant_row_warp(const std::uint8_t* data, const
                                                  std::uint16_t* dst, int lane) {
   if (lane < 28) {
     const uint4 w = *reinterpret_cast<const uint4*>(data + lane * 16);
-    const float sc = ue8m0_to_float(scales[lane >> 2]);
     uint4 lo, hi;
-    dequant4(w.x, sc, lo.x, lo.y);
-    dequant4(w.y, sc, lo.z, lo.w);
-    dequant4(w.z, sc, hi.x, hi.y);
-    dequant4(w.w, sc, hi.z, hi.w);
+    dequant16(w, scales[lane >> 2], lo, hi);
     reinterpret_cast<uint4*>(dst + lane * 16)[0] = lo;
     reinterpret_cast<uint4*>(dst + lane * 16)[1] = hi;
   } else {

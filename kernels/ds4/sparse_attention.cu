@@ -98,7 +98,9 @@ struct KParams {
   const std::int32_t *idx, *lens;
   int width;
   int cluster;       // wgmma kernel: 1 = the splits of a (request, head group) form a cluster
-  int probe;         // ws kernel, diagnostics only (GRAPHSAFE_DS4_WS_PROBE): 1 no row loads, 2 no MMA, 3 both
+  int probe;         // ws kernel, diagnostics only (GRAPHSAFE_DS4_WS_PROBE=1: no row loads). No MMA-skip
+                     // probe any more: a runtime branch around wgmma made ptxas inject a
+                     // warpgroup.arrive before every wgmma (C7519), serializing the shipped kernel.
 };
 
 template <bool kPaged>
@@ -236,12 +238,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
         const int r = item / 36, c = item - r * 36;
         const uint4 w = *reinterpret_cast<const uint4*>(raw + r * kRawStride + c * 16);
         if (c < 28) {
-          const float sc = ue8m0_to_float(raw[r * kRawStride + kTokenDataBytes + (c >> 2)]);
           uint4 lo, hi;
-          dequant4(w.x, sc, lo.x, lo.y);
-          dequant4(w.y, sc, lo.z, lo.w);
-          dequant4(w.z, sc, hi.x, hi.y);
-          dequant4(w.w, sc, hi.z, hi.w);
+          dequant16(w, raw[r * kRawStride + kTokenDataBytes + (c >> 2)], lo, hi);
           uint4* dst = reinterpret_cast<uint4*>(Ks + r * kQStride + c * 16);
           dst[0] = lo;
           dst[1] = hi;
@@ -579,12 +577,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) sparse_attention_wgmma_kernel(c
         const int r = (rest / 36) * 8 + (item & 7);
         const uint4 w = *reinterpret_cast<const uint4*>(raw + r * kRawStride + c * 16);
         if (c < 28) {
-          const float sc = ue8m0_to_float(raw[r * kRawStride + kTokenDataBytes + (c >> 2)]);
           uint4 lo, hi;
-          dequant4(w.x, sc, lo.x, lo.y);
-          dequant4(w.y, sc, lo.z, lo.w);
-          dequant4(w.z, sc, hi.x, hi.y);
-          dequant4(w.w, sc, hi.z, hi.w);
+          dequant16(w, raw[r * kRawStride + kTokenDataBytes + (c >> 2)], lo, hi);
           *reinterpret_cast<uint4*>(Ks + blk16(r, 2 * c)) = lo;
           *reinterpret_cast<uint4*>(Ks + blk16(r, 2 * c + 1)) = hi;
         } else {
@@ -810,9 +804,6 @@ constexpr int kWsConsumers = 256;
 #ifndef GRAPHSAFE_WS_CONSUMER_REGS
 #define GRAPHSAFE_WS_CONSUMER_REGS 176
 #endif
-#ifndef GRAPHSAFE_WS_BATCHES
-#define GRAPHSAFE_WS_BATCHES 1
-#endif
 constexpr int kWsConsumerRegs = GRAPHSAFE_WS_CONSUMER_REGS;
 constexpr int kWsProducerRegs = 168 - 2 * (kWsConsumerRegs - 168);
 static_assert(kWsProducerRegs >= 24 && kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0, "setmaxnreg counts");
@@ -945,63 +936,55 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       bar_sync(kBarProd, 128);
       std::uint8_t* kt = Ks + st * kWgKBytes;
       const std::uint8_t* const* rd = rowd + st * 64;
-      // Opaque per tile: otherwise the 18 items' (row, chunk, smem offset) are hoisted out of the
-      // tile loop as invariants and spill.
-      int pt = ptid;
-      asm volatile("mov.b32 %0, %0;\n" : "+r"(pt));
+      // Thread ptid owns row r = (ptid & 7) + 8 (ptid >> 4) of the tile and its 16-byte chunks
+      // h, h + 2, h + 4, ... (h = (ptid >> 3) & 1). The row pointer is read once; every chunk's
+      // global offset and shared-memory offset is a compile-time constant from two bases; each
+      // 8-lane phase of a 128-bit shared store covers 8 consecutive rows of one core-matrix column
+      // (128 contiguous bytes: conflict-free); a warp's load covers 16 rows x 32 contiguous bytes.
+      // Why: the previous item-by-item mapping spent ~20 instructions per chunk on index
+      // arithmetic, the loop was 1360 SASS instructions, and ncu showed the producer (the tile
+      // loop's critical path) waiting on instruction fetch 43 % of its time.
+      const int r = (ptid & 7) + 8 * (ptid >> 4), h = (ptid >> 3) & 1;
+      std::uint8_t* kr = kt + (r >> 3) * kWgRowSbo + (r & 7) * 16;  // + 128 kc: bf16 chunk kc of row r
+      const std::uint8_t* d = (p.probe & 1) ? nullptr : rd[r];
       if constexpr (kPaged) {
-        // 64 rows x 36 chunks of 16 B (28 fp8 chunks of 16 values, 8 bf16 rope chunks); item i:
-        // rows 8*(i/8/36) + i%8 (8 lanes = 8 rows: conflict-free 128-B smem stores), chunk (i/8)%36.
-        constexpr int kItems = kTileRows * 36 / 128;  // 18
-        constexpr int kBatch = kItems / GRAPHSAFE_WS_BATCHES;
+        // fp8 chunk ch = h + 2m (m < 14): scale byte (h + 2m) / 4 = m / 2, bf16 chunks 2ch, 2ch + 1
+        // -> kr + 256 h + 512 m (+ 128). Rope chunk ch = 28 + h + 2m (m < 4): bf16 chunk 56 + h + 2m.
+        uint4 w[18];
+        uint2 sc = make_uint2(0, 0);
+        if (d != nullptr) {
+          const uint4* src = reinterpret_cast<const uint4*>(d) + h;
 #pragma unroll
-        for (int k0 = 0; k0 < kItems; k0 += kBatch) {
-          uint4 w[kBatch];
-          unsigned scb[kBatch];
+          for (int m = 0; m < 18; ++m) w[m] = __ldg(src + 2 * m);
+          sc = __ldg(reinterpret_cast<const uint2*>(rows[st * 64 + r]));  // 7 scales + pad, 8-aligned
+        } else {
 #pragma unroll
-          for (int k = 0; k < kBatch; ++k) {
-            const int i = pt + 128 * (k0 + k), g8 = i >> 3, ch = g8 % 36, r = (g8 / 36) * 8 + (i & 7);
-            const std::uint8_t* d = rd[r];
-            w[k] = make_uint4(0, 0, 0, 0);
-            scb[k] = 0;
-            if (d != nullptr && !(p.probe & 1)) {
-              w[k] = __ldg(reinterpret_cast<const uint4*>(d + ch * 16));
-              if (ch < 28) scb[k] = __ldg(rows[st * 64 + r] + (ch >> 2));
-            }
-          }
-#pragma unroll
-          for (int k = 0; k < kBatch; ++k) {
-            const int i = pt + 128 * (k0 + k), g8 = i >> 3, ch = g8 % 36, r = (g8 / 36) * 8 + (i & 7);
-            if (ch < 28) {
-              const float sc = ue8m0_to_float(scb[k]);
-              uint4 lo, hi;
-              dequant4(w[k].x, sc, lo.x, lo.y);
-              dequant4(w[k].y, sc, lo.z, lo.w);
-              dequant4(w[k].z, sc, hi.x, hi.y);
-              dequant4(w[k].w, sc, hi.z, hi.w);
-              *reinterpret_cast<uint4*>(kt + blk16(r, 2 * ch)) = lo;
-              *reinterpret_cast<uint4*>(kt + blk16(r, 2 * ch + 1)) = hi;
-            } else {
-              *reinterpret_cast<uint4*>(kt + blk16(r, 56 + (ch - 28))) = w[k];
-            }
-          }
+          for (int m = 0; m < 18; ++m) w[m] = make_uint4(0, 0, 0, 0);
         }
-      } else {
-        // 64 rows x 64 chunks of 16 B, straight into the canonical layout (two batches of 16 loads).
+        std::uint8_t* kf = kr + 256 * h;
 #pragma unroll
-        for (int k0 = 0; k0 < kTileRows * 64 / 128; k0 += 16) {
+        for (int m = 0; m < 14; ++m) {
+          const int si = m >> 1;
+          const unsigned sb = ((si < 4 ? sc.x : sc.y) >> (8 * (si & 3))) & 0xFFu;
+          uint4 lo, hi;
+          dequant16(w[m], sb, lo, hi);
+          *reinterpret_cast<uint4*>(kf + 512 * m) = lo;
+          *reinterpret_cast<uint4*>(kf + 512 * m + 128) = hi;
+        }
+        std::uint8_t* kp = kr + 56 * 128 + 128 * h;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) *reinterpret_cast<uint4*>(kp + 256 * m) = w[14 + m];
+      } else {
+        // bf16 chunk kc = h + 2m (m < 32) -> kr + 128 h + 256 m; two batches of 16 loads.
+        const uint4* src = reinterpret_cast<const uint4*>(d) + h;
+        std::uint8_t* kb = kr + 128 * h;
+#pragma unroll
+        for (int m0 = 0; m0 < 32; m0 += 16) {
           uint4 v[16];
 #pragma unroll
-          for (int k = 0; k < 16; ++k) {
-            const int i = pt + 128 * (k0 + k), kc = (i >> 3) & 63, r = (i >> 9) * 8 + (i & 7);
-            const std::uint8_t* d = rd[r];
-            v[k] = d != nullptr && !(p.probe & 1) ? __ldg(reinterpret_cast<const uint4*>(d + kc * 16)) : make_uint4(0, 0, 0, 0);
-          }
+          for (int m = 0; m < 16; ++m) v[m] = d != nullptr ? __ldg(src + 2 * (m0 + m)) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-          for (int k = 0; k < 16; ++k) {
-            const int i = pt + 128 * (k0 + k), kc = (i >> 3) & 63, r = (i >> 9) * 8 + (i & 7);
-            *reinterpret_cast<uint4*>(kt + blk16(r, kc)) = v[k];
-          }
+          for (int m = 0; m < 16; ++m) *reinterpret_cast<uint4*>(kb + 256 * (m0 + m)) = v[m];
         }
       }
       fence_proxy_async();
@@ -1053,7 +1036,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          if (!(p.probe & 2)) wgmma_m64n32k16(sacc, q_desc, k_desc, kk > 0 ? 1 : 0);
+          wgmma_m64n32k16(sacc, q_desc, k_desc, kk > 0 ? 1 : 0);
           q_desc = launder(q_desc + 16);
           k_desc = launder(k_desc + 16);
         }
@@ -1118,7 +1101,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < kTileRows / 16; ++ks)
-          if (!(p.probe & 2)) wgmma_m64n256k16_tb(o, p_desc + ks * 16, v_desc + ks * ((2 * kWgRowSbo) >> 4), 1);
+          wgmma_m64n256k16_tb(o, p_desc + ks * 16, v_desc + ks * ((2 * kWgRowSbo) >> 4), 1);
         wgmma_commit();
         wgmma_wait<0>();
       }
@@ -1353,7 +1336,7 @@ void launch(KParams& kp, const AttentionCommon& c, cudaStream_t stream, const ch
   set_smem_attribute<kPaged>();
   static const int probe = [] {
     const char* e = std::getenv("GRAPHSAFE_DS4_WS_PROBE");
-    return e != nullptr ? std::atoi(e) & 3 : 0;
+    return e != nullptr ? std::atoi(e) & 1 : 0;
   }();
   kp.probe = probe;
   const dim3 grid(c.splits, c.batch, c.heads / kGroupHeads);
