@@ -108,7 +108,7 @@ __device__ __forceinline__ float ue8m0_to_float(unsigned byte) { return __uint_a
 
 // 4 fp8 e4m3 (one 32-bit word) * scale -> 4 bf16 (two 32-bit words), through fp32. Exact: e4m3 ->
 // f16 is exact, times a power of two is exact in fp32, and 4 significant bits fit bf16. Kept as the
-// reference for dequant16 (tests/gpu/test_ds4_kernels.cu compares the two on every byte and scale).
+// reference for dequant16 (tests/gpu/test_ds4_dequant.cu compares the two on every byte and scale).
 __device__ __forceinline__ void dequant4_via_f32(std::uint32_t w, float scale, std::uint32_t& lo,
                                                  std::uint32_t& hi) {
   const __half2_raw h0 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFF), __NV_E4M3);
@@ -132,40 +132,50 @@ __device__ __forceinline__ std::uint32_t e4m3x2_to_bf16x2_bits(std::uint32_t w) 
   return (q << 4) & 0x87F087F0u;
 }
 
+__device__ __forceinline__ std::uint32_t bf16x2_bits_mul(std::uint32_t a, __nv_bfloat162 m) {
+  const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), m);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
 // 16 fp8 e4m3 values (one 16-byte chunk of a tile) * 2^(scale_byte - 127) -> 16 bf16 (lo: values
 // 0-7, hi: 8-15), bit-identical to dequant4_via_f32 for every finite byte (the quantizer saturates:
 // no NaN bytes). Why not dequant4_via_f32: its fp8 -> f16 -> f32 -> bf16 chain is four instructions
 // of the conversion pipe per 4 values, 16 lanes/clock/SM on sm_90 -- the warp-specialized attention
 // kernel's producer was bound by it. Here: a byte permute, a shift and a mask place the bits,
 // and one or two bf16x2 multiplies (FMA pipe; bf16 arithmetic keeps subnormals) apply 2^120 * scale.
+// 2^120 * scale = 2^(scale_byte - 7) as a bf16x2 factor, valid while that is finite (scale_byte
+// <= 134: every real KV scale); ue8m0_is_small() says whether it is.
+__device__ __forceinline__ bool ue8m0_is_small(unsigned scale_byte) { return scale_byte <= 134u; }
+__device__ __forceinline__ __nv_bfloat162 ue8m0_factor(unsigned scale_byte) {
+  const std::uint32_t f = ((scale_byte + 120u) << 7) * 0x10001u;
+  return *reinterpret_cast<const __nv_bfloat162*>(&f);
+}
+
+// dequant16 for a small scale byte, with its factor precomputed (ue8m0_factor): 32 instructions.
+__device__ __forceinline__ void dequant16_small(const uint4& w, __nv_bfloat162 f, uint4& lo, uint4& hi) {
+  lo = make_uint4(bf16x2_bits_mul(e4m3x2_to_bf16x2_bits<0x9180>(w.x), f),
+                  bf16x2_bits_mul(e4m3x2_to_bf16x2_bits<0xB3A2>(w.x), f),
+                  bf16x2_bits_mul(e4m3x2_to_bf16x2_bits<0x9180>(w.y), f),
+                  bf16x2_bits_mul(e4m3x2_to_bf16x2_bits<0xB3A2>(w.y), f));
+  hi = make_uint4(bf16x2_bits_mul(e4m3x2_to_bf16x2_bits<0x9180>(w.z), f),
+                  bf16x2_bits_mul(e4m3x2_to_bf16x2_bits<0xB3A2>(w.z), f),
+                  bf16x2_bits_mul(e4m3x2_to_bf16x2_bits<0x9180>(w.w), f),
+                  bf16x2_bits_mul(e4m3x2_to_bf16x2_bits<0xB3A2>(w.w), f));
+}
+
+// Any scale byte. Above 134, 2^(scale_byte - 134) then 2^127 (exact: the first product is
+// >= 2^-129 with <= 4 significant bits). Bytes 0 (2^-127) and 255 (2^128) are exact too, like the
+// CPU reference (the fp32 path reads them as 0 and inf).
 __device__ __forceinline__ void dequant16(const uint4& w, unsigned scale_byte, uint4& lo, uint4& hi) {
-  // 2^120 * scale = 2^(scale_byte - 7): one bf16 factor while that is finite (scale_byte <= 134),
-  // else 2^(scale_byte - 134) then 2^127 (exact: the first product is >= 2^-129 with <= 4 bits).
-  // Real KV scales stay far below; bytes 0 (2^-127) and 255 (2^128) are exact too, like the CPU
-  // reference (the fp32 path reads them as 0 and inf).
-  const bool one = scale_byte <= 134u;
-  const std::uint32_t f1 = one ? (scale_byte + 120u) << 7 : (scale_byte - 7u) << 7;
-  const std::uint32_t f2 = 254u << 7;  // 2^127
-  const std::uint32_t f1x2 = f1 * 0x10001u, f2x2 = f2 * 0x10001u;
-  const __nv_bfloat162 m1 = *reinterpret_cast<const __nv_bfloat162*>(&f1x2);
-  const __nv_bfloat162 m2 = *reinterpret_cast<const __nv_bfloat162*>(&f2x2);
-  const std::uint32_t in[4] = {w.x, w.y, w.z, w.w};
-  std::uint32_t out[8];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    std::uint32_t a = e4m3x2_to_bf16x2_bits<0x9180>(in[k]);  // bytes 0, 1
-    std::uint32_t b = e4m3x2_to_bf16x2_bits<0xB3A2>(in[k]);  // bytes 2, 3
-    __nv_bfloat162 va = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), m1);
-    __nv_bfloat162 vb = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&b), m1);
-    if (!one) {
-      va = __hmul2(va, m2);
-      vb = __hmul2(vb, m2);
-    }
-    out[2 * k] = *reinterpret_cast<const std::uint32_t*>(&va);
-    out[2 * k + 1] = *reinterpret_cast<const std::uint32_t*>(&vb);
+  if (ue8m0_is_small(scale_byte)) {
+    dequant16_small(w, ue8m0_factor(scale_byte), lo, hi);
+    return;
   }
-  lo = make_uint4(out[0], out[1], out[2], out[3]);
-  hi = make_uint4(out[4], out[5], out[6], out[7]);
+  const std::uint32_t f1 = ((scale_byte - 7u) << 7) * 0x10001u, f2 = (254u << 7) * 0x10001u;
+  dequant16_small(w, *reinterpret_cast<const __nv_bfloat162*>(&f1), lo, hi);
+  const __nv_bfloat162 m2 = *reinterpret_cast<const __nv_bfloat162*>(&f2);
+  lo = make_uint4(bf16x2_bits_mul(lo.x, m2), bf16x2_bits_mul(lo.y, m2), bf16x2_bits_mul(lo.z, m2), bf16x2_bits_mul(lo.w, m2));
+  hi = make_uint4(bf16x2_bits_mul(hi.x, m2), bf16x2_bits_mul(hi.y, m2), bf16x2_bits_mul(hi.z, m2), bf16x2_bits_mul(hi.w, m2));
 }
 
 // Byte address of a token's data / scales in a paged cache.

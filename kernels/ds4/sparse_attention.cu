@@ -962,14 +962,28 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
           for (int m = 0; m < 18; ++m) w[m] = make_uint4(0, 0, 0, 0);
         }
         std::uint8_t* kf = kr + 256 * h;
+        // The row's 7 scale factors once (chunks 2i, 2i + 1 share scale i); rows with a scale byte
+        // >= 128 (never real KV scales) take the general dequant16 (a branch, not hot-path code).
+        if (((sc.x | sc.y) & 0x80808080u) == 0) {
+          __nv_bfloat162 f[7];
 #pragma unroll
-        for (int m = 0; m < 14; ++m) {
-          const int si = m >> 1;
-          const unsigned sb = ((si < 4 ? sc.x : sc.y) >> (8 * (si & 3))) & 0xFFu;
-          uint4 lo, hi;
-          dequant16(w[m], sb, lo, hi);
-          *reinterpret_cast<uint4*>(kf + 512 * m) = lo;
-          *reinterpret_cast<uint4*>(kf + 512 * m + 128) = hi;
+          for (int i = 0; i < 7; ++i) f[i] = ue8m0_factor(((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) & 0xFFu);
+#pragma unroll
+          for (int m = 0; m < 14; ++m) {
+            uint4 lo, hi;
+            dequant16_small(w[m], f[m >> 1], lo, hi);
+            *reinterpret_cast<uint4*>(kf + 512 * m) = lo;
+            *reinterpret_cast<uint4*>(kf + 512 * m + 128) = hi;
+          }
+        } else {  // unrolled too: a rolled loop would index w[] dynamically (local memory)
+#pragma unroll
+          for (int m = 0; m < 14; ++m) {
+            const int si = m >> 1;
+            uint4 lo, hi;
+            dequant16(w[m], ((si < 4 ? sc.x : sc.y) >> (8 * (si & 3))) & 0xFFu, lo, hi);
+            *reinterpret_cast<uint4*>(kf + 512 * m) = lo;
+            *reinterpret_cast<uint4*>(kf + 512 * m + 128) = hi;
+          }
         }
         std::uint8_t* kp = kr + 56 * 128 + 128 * h;
 #pragma unroll
