@@ -14,7 +14,7 @@
 # STAGES (words among: build ctest sanitize bench; default all of them), SANITIZE_FILTER (regex on
 # test executable names, default all), SANITIZE_TOOLS (memcheck racecheck initcheck synccheck),
 # SANITIZE_JOBS (sanitizer processes at once, 4), SANITIZE_SERIAL (regex: tests run alone, after the
-# others, because they check device-wide memory; default vmm|reliability).
+# others, because they check device-wide memory; default vmm|reliability|arena).
 set -u
 set -o pipefail
 
@@ -31,7 +31,7 @@ STAGES=${STAGES:-build ctest sanitize bench}
 SANITIZE_FILTER=${SANITIZE_FILTER:-.}
 SANITIZE_TOOLS=${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
 SANITIZE_JOBS=${SANITIZE_JOBS:-4}
-SANITIZE_SERIAL=${SANITIZE_SERIAL:-vmm|reliability}
+SANITIZE_SERIAL=${SANITIZE_SERIAL:-vmm|reliability|arena}
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 declare -a SUMMARY=()
@@ -166,7 +166,8 @@ else
   export -f san_one expected_api_errors
   export OUT SAN_CYCLES SAN_ROUNDS SANITIZER_TIMEOUT SANITIZER
   banner "compute-sanitizer ($SANITIZE_TOOLS) on ${#GPU_TESTS[@]} GPU tests, $SANITIZE_JOBS at a time"
-  # Tests that check device-wide memory (cudaMemGetInfo: VMM growth, the soak) run one at a time
+  # Tests that check device-wide memory (cudaMemGetInfo: VMM growth, the soak, the arena's flat-memory
+  # cycles) run one at a time
   # after the others: other sanitizer processes on the GPU move that figure (seen on the H200).
   JOBLIST=()
   SERIAL=()

@@ -415,7 +415,12 @@ std::size_t param_count(const void* func) {
   static const Fn fn = [] {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuFuncGetParamCount", &p, 13010, cudaEnableDefault, &q) != cudaSuccess ||
+    // Asked at the runtime's own version: a version above it is an invalid argument (an API error
+    // under memcheck, seen on the H200); a driver without the symbol answers "not found".
+    int rt = 0;
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess ||
+        cudaGetDriverEntryPointByVersion("cuFuncGetParamCount", &p, static_cast<unsigned>(rt), cudaEnableDefault,
+                                         &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess)
       p = nullptr;
     cudaGetLastError();
