@@ -812,8 +812,10 @@ constexpr int kWsSmemBytes = kWgQBytes + 2 * kWgKBytes + kWgPBytes + kWsMiscByte
 static_assert(kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem over the sm_90 limit");
 
 // Named barriers (0 is __syncthreads): FULL[s] producer -> consumers, EMPTY[s] consumers ->
-// producer, MAX / PREADY among the consumers, PROD among the producer's warps.
-enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarMax = 5, kBarP = 6, kBarProd = 7 };
+// producer, MAX / PREADY among the consumers, PROD among the producer's warps, OUT among a cluster
+// merge's owner threads.
+enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarMax = 5, kBarP = 6, kBarProd = 7, kBarOut = 8 };
+constexpr int kWsOutStride = kHeadDim * 2 + 16;  // bytes per head row of the staged output
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
@@ -1150,6 +1152,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     const int li = c * (per * 32) + (w4 % per) * 32 + lane;           // index among them
     float4* recv = reinterpret_cast<float4*>(smem);                  // [nr-1][32][nthr]: <= 96 KB
     float* mlr = reinterpret_cast<float*>(smem + 160 * 1024);        // [nr][64][2]
+    std::uint8_t* stage = smem + 96 * 1024;                          // owner's output: <= 32 x 1040 B
     cluster.sync();  // A
     if (owner != rank) {
       float4* dst = cluster.map_shared_rank(recv, owner) + (rank < owner ? rank : rank - 1) * 32 * nthr + li;
@@ -1200,11 +1203,22 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         const int h = hrow[jj];
         float inv = 0.f;
         if (L[jj] > 0.f) inv = 1.f / (L[jj] + (p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - M[jj]) : 0.f));
-        std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + c * 256 + qc;
+        // Staged in shared memory at 96 KB (past the receive area, below mlr at 160 KB; nothing
+        // else writes there after barrier A), row stride 1040 B so the 8 heads of a warp's 4-byte
+        // stores fall in distinct banks.
+        std::uint8_t* srow = stage + (h - owner * (64 / nr)) * kWsOutStride + (c * 256 + qc) * 2;
 #pragma unroll
         for (int nb = 0; nb < 32; ++nb)
-          *reinterpret_cast<std::uint32_t*>(orow + nb * 8) = pack_bf16x2(o[4 * nb + 2 * jj] * inv, o[4 * nb + 2 * jj + 1] * inv);
+          *reinterpret_cast<std::uint32_t*>(srow + nb * 16) = pack_bf16x2(o[4 * nb + 2 * jj] * inv, o[4 * nb + 2 * jj + 1] * inv);
       }
+      // The owner's heads [owner * 64 / nr, +64 / nr) are one contiguous block of the output: 16-byte
+      // coalesced stores (the direct 4-byte stores were a quarter of the epilogue's stall samples,
+      // ncu "LG throttle"). Why not direct: each warp store touched 8 heads x 16 bytes.
+      bar_sync(kBarOut, nthr);
+      const int heads = 64 / nr;
+      uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + owner * heads) * kHeadDim);
+      for (int i = li; i < heads * kHeadDim / 8; i += nthr)
+        gout[i] = *reinterpret_cast<const uint4*>(stage + (i >> 6) * kWsOutStride + (i & 63) * 16);
     }
     return;
   }
