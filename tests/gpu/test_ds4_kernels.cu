@@ -83,6 +83,45 @@ ErrStats compare_attention(const std::vector<std::uint16_t>& gpu, const std::vec
   return s;
 }
 
+// The gather path (combine_gather + gather_workspace + sparse_attention_workspace) with sizes N, M in
+// one layout; the workspace starts poisoned with 0xFF bytes except where `zero_ws`.
+struct GatherPath {
+  std::vector<std::int32_t> idx, lens;
+  std::vector<std::uint16_t> ws, out;
+};
+GatherPath run_gather_path(const ds4::DecodeProblem& p, const gk::DeviceProblem& d, int N, int M, bool ragged,
+                           bool zero_ws, cudaStream_t st = nullptr) {
+  const ds4::LayerConfig& c = p.cfg;
+  const int B = p.batch, H = c.heads, width = c.combined_width();
+  Dev<std::uint16_t> ws(static_cast<std::size_t>(B) * M * 512);
+  ws.fill_byte(zero_ws ? 0 : 0xFF);
+  Dev<std::int32_t> idx(static_cast<std::size_t>(B) * width), lens(B);
+  gk::GatherIndexArgs gi;
+  gi.batch = B; gi.ratio = c.ratio; gi.window = c.window;
+  gi.topk = c.ratio == 4 ? c.topk : c.compressed_width(); gi.width = width; gi.N = N; gi.M = M;
+  gi.seq_lens = d.seq_lens; gi.topk_local = d.topk_local; gi.idx = idx.get(); gi.lens = lens.get();
+  gi.ragged = ragged;
+  gk::combine_gather(gi, st);
+  gk::GatherArgs ga;
+  ga.batch = B; ga.ratio = c.ratio; ga.window = c.window; ga.N = N; ga.M = M; ga.seq_lens = d.seq_lens;
+  ga.swa = d.swa; ga.swa_block_table = d.swa_block_table; ga.swa_blocks_per_req = d.swa_blocks_per_req;
+  ga.cmp = d.cmp; ga.cmp_block_table = d.cmp_block_table; ga.cmp_blocks_per_req = d.cmp_blocks_per_req;
+  ga.ws = ws.get();
+  ga.ragged = ragged;
+  gk::gather_workspace(ga, st);
+  const int splits = gk::choose_splits(B, H, width, gk::device_sm_count());
+  Dev<std::uint8_t> scratch(std::max<std::size_t>(16, gk::sparse_attention_scratch_bytes(B, H, splits)));
+  Dev<std::uint16_t> out(static_cast<std::size_t>(B) * H * 512);
+  out.fill_byte(0xFF);
+  gk::WorkspaceAttentionArgs wa;
+  wa.c.batch = B; wa.c.heads = H; wa.c.q = d.q; wa.c.sink = d.sink; wa.c.out = out.get();
+  wa.c.splits = splits; wa.c.scratch = scratch.get();
+  wa.ws = ws.get(); wa.ws_rows = static_cast<std::int64_t>(B) * M; wa.idx = idx.get(); wa.width = width;
+  wa.lens = lens.get();
+  gk::sparse_attention_workspace(wa, st);
+  return GatherPath{idx.download(), lens.download(), ws.download(), out.download()};
+}
+
 struct AttnRun {
   std::vector<std::uint16_t> paged, paged1, ws;
 };
@@ -128,70 +167,11 @@ AttnRun run_attention(const ds4::DecodeProblem& p, int forced_splits, cudaStream
 
   // gather path with capacity sizes: N = compressed capacity, M = N + W
   const long long N = c.compressed_capacity(), M = N + c.window;
-  const int width = c.combined_width();
-  Dev<std::uint16_t> ws(static_cast<std::size_t>(B) * M * 512);
-  ws.fill_byte(0xFF);  // NaN poison in unwritten rows: must never be read through valid indices
-  Dev<std::int32_t> idx(static_cast<std::size_t>(B) * width), lens(B);
-  gk::GatherIndexArgs gi;
-  gi.batch = B; gi.ratio = c.ratio; gi.window = c.window;
-  gi.topk = c.ratio == 4 ? c.topk : cw; gi.width = width; gi.N = N; gi.M = M;
-  gi.seq_lens = d.seq_lens; gi.topk_local = d.topk_local; gi.idx = idx.get(); gi.lens = lens.get();
-  gk::combine_gather(gi, st);
-  gk::GatherArgs ga;
-  ga.batch = B; ga.ratio = c.ratio; ga.window = c.window; ga.N = N; ga.M = M; ga.seq_lens = d.seq_lens;
-  ga.swa = d.swa; ga.swa_block_table = d.swa_block_table; ga.swa_blocks_per_req = d.swa_blocks_per_req;
-  ga.cmp = d.cmp; ga.cmp_block_table = d.cmp_block_table; ga.cmp_blocks_per_req = d.cmp_blocks_per_req;
-  ga.ws = ws.get();
-  gk::gather_workspace(ga, st);
-  gk::WorkspaceAttentionArgs wa;
-  wa.c = pa.c;
-  wa.c.splits = auto_splits;
-  wa.ws = ws.get(); wa.ws_rows = B * M; wa.idx = idx.get(); wa.width = width; wa.lens = lens.get();
-  out.fill_byte(0xFF);
-  gk::sparse_attention_workspace(wa, st);
-  r.ws = out.download();
+  r.ws = run_gather_path(p, d, static_cast<int>(N), static_cast<int>(M), /*ragged=*/false, /*zero_ws=*/false, st).out;
   if (exact_paged_ws) *exact_paged_ws = r.ws == r.paged;
   return r;
 }
 
-// The gather path (combine_gather + gather_workspace + sparse_attention_workspace) with sizes N, M in
-// one layout; the workspace starts poisoned with 0xFF bytes except where `zero_ws`.
-struct GatherPath {
-  std::vector<std::int32_t> idx, lens;
-  std::vector<std::uint16_t> ws, out;
-};
-GatherPath run_gather_path(const ds4::DecodeProblem& p, const gk::DeviceProblem& d, int N, int M, bool ragged,
-                           bool zero_ws) {
-  const ds4::LayerConfig& c = p.cfg;
-  const int B = p.batch, H = c.heads, width = c.combined_width();
-  Dev<std::uint16_t> ws(static_cast<std::size_t>(B) * M * 512);
-  ws.fill_byte(zero_ws ? 0 : 0xFF);
-  Dev<std::int32_t> idx(static_cast<std::size_t>(B) * width), lens(B);
-  gk::GatherIndexArgs gi;
-  gi.batch = B; gi.ratio = c.ratio; gi.window = c.window;
-  gi.topk = c.ratio == 4 ? c.topk : c.compressed_width(); gi.width = width; gi.N = N; gi.M = M;
-  gi.seq_lens = d.seq_lens; gi.topk_local = d.topk_local; gi.idx = idx.get(); gi.lens = lens.get();
-  gi.ragged = ragged;
-  gk::combine_gather(gi, nullptr);
-  gk::GatherArgs ga;
-  ga.batch = B; ga.ratio = c.ratio; ga.window = c.window; ga.N = N; ga.M = M; ga.seq_lens = d.seq_lens;
-  ga.swa = d.swa; ga.swa_block_table = d.swa_block_table; ga.swa_blocks_per_req = d.swa_blocks_per_req;
-  ga.cmp = d.cmp; ga.cmp_block_table = d.cmp_block_table; ga.cmp_blocks_per_req = d.cmp_blocks_per_req;
-  ga.ws = ws.get();
-  ga.ragged = ragged;
-  gk::gather_workspace(ga, nullptr);
-  const int splits = gk::choose_splits(B, H, width, gk::device_sm_count());
-  Dev<std::uint8_t> scratch(std::max<std::size_t>(16, gk::sparse_attention_scratch_bytes(B, H, splits)));
-  Dev<std::uint16_t> out(static_cast<std::size_t>(B) * H * 512);
-  out.fill_byte(0xFF);
-  gk::WorkspaceAttentionArgs wa;
-  wa.c.batch = B; wa.c.heads = H; wa.c.q = d.q; wa.c.sink = d.sink; wa.c.out = out.get();
-  wa.c.splits = splits; wa.c.scratch = scratch.get();
-  wa.ws = ws.get(); wa.ws_rows = static_cast<std::int64_t>(B) * M; wa.idx = idx.get(); wa.width = width;
-  wa.lens = lens.get();
-  gk::sparse_attention_workspace(wa, nullptr);
-  return GatherPath{idx.download(), lens.download(), ws.download(), out.download()};
-}
 
 }  // namespace
 
