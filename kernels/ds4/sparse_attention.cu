@@ -800,7 +800,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) sparse_attention_wgmma_kernel(c
 constexpr int kWsThreads = 384;
 constexpr int kWsConsumers = 256;
 // Registers per thread after setmaxnreg: the CTA holds 384 x 168; the producer gives back what the
-// consumers (O = 128 fp32 accumulators each) take: 128 x (168 - P) = 256 x (C - 168).
+// consumers (O = 128 fp32 accumulators each) take: 128 x (168 - P) = 256 x (C - 168). Note: ptxas
+// allocates one register count for the whole kernel (168 here, the launch bound's share) whatever
+// setmaxnreg grants later, so the consumers' code must fit 168 -- and 4 warpgroups (128 each) cannot
+// hold the consumers' 154+ (tried: ptxas C7602).
 #ifndef GRAPHSAFE_WS_CONSUMER_REGS
 #define GRAPHSAFE_WS_CONSUMER_REGS 176
 #endif
