@@ -182,7 +182,8 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   const char* engine = std::getenv("GRAPHSAFE_DS4_ATTENTION");
   const std::string machine = std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) + " SMs";
-  const std::string engine_name = engine != nullptr && *engine != '\0' ? engine : "ws";  // sparse_attention.cu's default
+  // sparse_attention.cu's rule: "mma_sync" selects it, anything else the default ws kernel.
+  const std::string engine_name = engine != nullptr && std::string(engine) == "mma_sync" ? "mma_sync" : "ws";
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::vector<Record> recs;

@@ -8,23 +8,20 @@
 //     O += P V    (64 heads x 512 dims, k = 64 rows), V = K (all 512 dims)
 // bf16 operands, fp32 accumulation, bf16 P, fp32 (m, l) per head, bf16 output.
 //
-// Three tile engines with the same numerics, chosen by GRAPHSAFE_DS4_ATTENTION (once per process):
+// Two tile engines with the same numerics, chosen by GRAPHSAFE_DS4_ATTENTION (once per process):
 //  * ws (default, sm_90a): warp-specialized, 384 threads -- a producer warpgroup gathers and
 //    dequantizes the rows into a double-buffered bf16 tile, two consumer warpgroups run S (wgmma
 //    m64n32k16, 32 tile rows each) and PV (wgmma m64n256k16, 256 dims each). See the kernel.
-//  * wgmma (sm_90a): the 512-thread lockstep kernel below -- warpgroup g computes S[:, 16g..16g+15]
-//    with 32 x wgmma m64n16k16 and O[:, 128g..128g+127] with 4 x wgmma m64n128k16 (A and B from
-//    shared memory, no-swizzle canonical layout; the K tile is read K-major for S and MN-major for
-//    P V). SASS: HGMMA. Kept as the same-run baseline of the ws kernel.
 //  * mma_sync: m16n8k16 + ldmatrix; warp w computes S for heads 16*(w%4).., rows 16*(w/4).. and O
-//    for heads 32*(w/8).., dims 64*(w%8)... SASS: HMMA. Runs on GPUs without sm_90a.
+//    for heads 32*(w/8).., dims 64*(w%8)... SASS: HMMA. Runs on GPUs without sm_90a (and is tested
+//    on the H200 through GRAPHSAFE_DS4_ATTENTION=mma_sync: ctest test_ds4_kernels_mma_sync).
 //
 // Split-K (flash-decoding): the request's tiles are split evenly over `splits` CTAs so that a single
-// request still fills the GPU. The splits of one (request, head group) form a thread-block cluster
-// and merge over distributed shared memory (ws: 2 or 4 splits, heads dealt to the ranks, pushed;
-// wgmma: 2..8 splits, rank 0 pulls); otherwise (or with GRAPHSAFE_DS4_CLUSTER=0) partials go to the
-// caller's scratch and a combine kernel merges them. Every merge runs in split order with the
-// combine kernel's arithmetic: results are deterministic run to run.
+// request still fills the GPU. With 2 or 4 splits (ws) the splits of one (request, head group) form
+// a thread-block cluster and merge over distributed shared memory (heads dealt to the ranks,
+// pushed); otherwise (or with GRAPHSAFE_DS4_CLUSTER=0) partials go to the caller's scratch and a
+// combine kernel merges them. Every merge runs in split order with the combine kernel's arithmetic:
+// results are deterministic run to run.
 //
 // Variant A (paged-direct) reads each row's 576 data bytes + 8 scale bytes from the fp8 paged caches
 // and dequantizes them into bf16 (exact: e4m3 * 2^k fits bf16). Variant B (workspace) copies bf16
@@ -32,14 +29,11 @@
 // same order they produce bitwise identical output (checked by the tests and the benchmark).
 //
 // Measured on one H200 (bench/ds4_attention_bench.cu, B=64, H=64, 43 layers, graph replay; see
-// docs/benchmarks.md): ws C4 41.4 us/layer, C128 39.0, C1 19.7 (lockstep wgmma C4 42.4 in the same
-// run) -- 5-7x the physical bound, ~30x faster than the PyTorch baseline. GRAPHSAFE_DS4_WS_PROBE runs
-// show the ws tile loop is bound neither by HBM nor by the tensor cores (3.65 us of a 5.4 us tile
-// remain with both removed): the producer's per-tile chain (one warpgroup dequantizes 64 rows) and
-// ~15 us of fixed cost per layer are the limit. Next: more dequantizing threads, FA3-style ping-pong
-// of S(t+1) with PV(t), programmatic dependent launch; and ptxas's C7519 notes (76 warpgroup.arrive
-// injected into the ws kernel "to allow use of registers in GMMA": extra waits between wgmmas, to be
-// removed by keeping the accumulators untouched between a wgmma batch's fence and its wait).
+// docs/benchmarks.md and bench/results/ds4_ws_ncu_h200.txt): ws C4 34.6 us/layer, C128 32.2, C1 17.1
+// -- 4.3-5.7x the physical bound, ~30x faster than the PyTorch baseline. The consumers wait on the
+// producer warpgroup for about half of the tile loop; the producer's time goes to instruction fetch
+// and its row loads. Next: a swizzled K tile (4 L1 wavefronts per row load instead of 16), bulk async
+// copies of the raw rows dequantized by a separate warp group.
 
 #include <graphsafe/ds4/kernels.hpp>
 
@@ -389,400 +383,17 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
 }
 
 // ================================================================================================
-// wgmma variant (default on sm_90a). Same CTA/tile structure and the same row order, numerics
-// (bf16 operands, fp32 accumulation, bf16 P, base-2 online softmax) and split/combine protocol as the
-// mma.sync kernel above, but the two products run on Hopper's warpgroup MMA from shared memory:
-//   4 warpgroups; warpgroup g computes S[:, 16g..16g+15] = Q K^T with 32 x wgmma m64n16k16
-//   (A = Q, B = K tile rows, both K-major) and O[:, 128g..128g+127] += P V with 4 x wgmma m64n128k16
-//   (A = P, B = the same K tile read MN-major). Q, K and P live in the no-swizzle canonical layout:
-//   8-row x 16-byte core matrices, element (r, k) at (r/8)*SBO + (k/8)*128 + (r%8)*16 + (k%8)*2.
-// Each warp owns 16 heads in both products, so the running max / sum live in the same threads.
-constexpr int kWgThreads = 512;
+// Shared-memory layout of the wgmma kernel below: Q, K and P live in the no-swizzle canonical layout,
+// 8-row x 16-byte core matrices, element (r, k) at (r/8)*SBO + (k/8)*128 + (r%8)*16 + (k%8)*2. The K
+// tile is read K-major for S = Q K^T and MN-major for O += P V.
 constexpr int kWgQBytes = kGroupHeads * kHeadDim * 2;  // 65536
 constexpr int kWgKBytes = kTileRows * kHeadDim * 2;    // 65536
 constexpr int kWgPBytes = kGroupHeads * kTileRows * 2; // 8192
 constexpr int kWgRowSbo = (kHeadDim / 8) * 128;        // 8192: next 8 rows of Q / K
 constexpr int kWgPSbo = (kTileRows / 8) * 128;         // 1024: next 8 heads of P
-constexpr int kWgMiscBytes = (2 * kRowGroups + 2) * 64 * 4;
-
-template <bool kPaged>
-__host__ __device__ constexpr int wg_smem_bytes() {
-  return kWgQBytes + (kPaged ? kWgKBytes + 2 * kRawBytes : 2 * kWgKBytes) + kWgPBytes + kWgMiscBytes;
-}
-static_assert(wg_smem_bytes<true>() <= 227 * 1024, "paged wgmma attention smem over the sm_90 limit");
-static_assert(wg_smem_bytes<false>() <= 227 * 1024, "workspace wgmma attention smem over the sm_90 limit");
 
 __device__ __forceinline__ int blk16(int r, int kc) {  // byte offset of 16-byte chunk kc of row r
   return (r >> 3) * kWgRowSbo + kc * 128 + (r & 7) * 16;
-}
-
-template <bool kPaged>
-__global__ void __launch_bounds__(kWgThreads, 1) sparse_attention_wgmma_kernel(const KParams p) {
-  extern __shared__ __align__(128) std::uint8_t smem[];
-  std::uint8_t* Qs = smem;
-  std::uint8_t* Ks = smem + kWgQBytes;
-  constexpr int kKTotal = kPaged ? kWgKBytes : 2 * kWgKBytes;
-  std::uint8_t* Ps = smem + kWgQBytes + kKTotal;
-  std::uint8_t* Raw = Ps + kWgPBytes;  // paged only
-  float* red = reinterpret_cast<float*>(smem + wg_smem_bytes<kPaged>() - kWgMiscBytes);  // [4][64]
-  float* lsum = red + kRowGroups * 64;                                                   // [4][64]
-  int* vld = reinterpret_cast<int*>(lsum + kRowGroups * 64);                             // [2][64]
-
-  const int split = blockIdx.x, b = blockIdx.y, head0 = blockIdx.z * kGroupHeads;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-  int n_cmp = 0, T = 0;
-  if constexpr (kPaged) {
-    if (p.cmp_idx != nullptr) n_cmp = min(max(p.cmp_lens[b], 0), p.cmp_width);
-    T = n_cmp + min(max(p.swa_lens[b], 0), p.swa_width);
-  } else {
-    T = min(max(p.lens[b], 0), p.width);
-  }
-  const int ntiles = (T + kTileRows - 1) / kTileRows;
-  const int tps = (ntiles + p.splits - 1) / p.splits;
-  const int t_begin = split * tps, t_end = min(ntiles, t_begin + tps);
-  const long long part = (static_cast<long long>(b) * p.splits + split) * p.H + head0;
-
-  if (t_begin >= t_end && !p.cluster) {
-    if (p.splits == 1) {
-      uint4* o = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0) * kHeadDim);
-      for (int i = tid; i < kGroupHeads * kHeadDim / 8; i += kWgThreads) o[i] = make_uint4(0, 0, 0, 0);
-    } else if (tid < kGroupHeads) {
-      p.part_ml[(part + tid) * 2 + 0] = -INFINITY;
-      p.part_ml[(part + tid) * 2 + 1] = 0.f;
-    }
-    return;
-  }
-
-  // ---- queries -> canonical layout. Warp w: heads 8*(w/2) + lane%8, chunks 32*(w%2) + lane/8 + 4i.
-  if (t_begin < t_end) {
-    const int h = (warp >> 1) * 8 + (lane & 7);
-    const std::uint16_t* qrow = p.q + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int kc = (warp & 1) * 32 + (lane >> 3) + 4 * i;
-      cp_async16(Qs + blk16(h, kc), qrow + kc * 8, true);
-    }
-  }
-
-  // Row r of a tile as seen by this thread's loader lane: paged: warp w loads rows 4w .. 4w+3
-  // (lane % 4); workspace: rows 8*(w/2) + lane % 8. The slot / index of the row is fetched two tiles
-  // ahead (registers), its lines are prefetched into L2 one tile ahead, and cp.async'd one tile ahead.
-  const int my_row = kPaged ? warp * 4 + (lane & 3) : (warp >> 1) * 8 + (lane & 7);
-  auto fetch_slot = [&](int t) -> long long {  // -1: no row
-    const int i = t * kTileRows + my_row;
-    if (t >= t_end || i >= T) return -1;
-    if constexpr (kPaged) {
-      return i < n_cmp ? p.cmp_idx[static_cast<long long>(b) * p.cmp_width + i]
-                       : p.swa_idx[static_cast<long long>(b) * p.swa_width + (i - n_cmp)];
-    } else {
-      return p.idx[static_cast<long long>(b) * p.width + i];
-    }
-  };
-  auto l2_prefetch = [&](int t, long long slot) {
-    if (slot < 0) return;
-    if constexpr (kPaged) {
-      const int i = t * kTileRows + my_row;
-      const CacheView& cv = i < n_cmp ? p.cmp : p.swa;
-      if (!cv.valid(slot)) return;
-      const int line = lane >> 2;  // 0..7: data lines 0..4 (576 B from a 64-B boundary), scales
-      if (line < 5) asm volatile("prefetch.global.L2 [%0];" ::"l"(cv.data(slot) + line * 128));
-      else if (line == 5) asm volatile("prefetch.global.L2 [%0];" ::"l"(cv.scales(slot)));
-    } else {
-      if (slot >= p.ws_rows) return;
-      const std::uint8_t* row = reinterpret_cast<const std::uint8_t*>(p.ws + slot * kHeadDim);
-      const int line = (warp & 1) * 4 + (lane >> 3);  // 8 lines of 128 B per 1-KB row
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(row + line * 128));
-    }
-  };
-  auto issue_tile = [&](int t, int st, long long slot) {
-    const int r = my_row;
-    const int i = t * kTileRows + r;
-    if constexpr (kPaged) {
-      bool valid = false;
-      const std::uint8_t* dptr = p.swa.base;
-      const std::uint8_t* sptr = p.swa.base;
-      if (slot >= 0) {
-        const CacheView& cv = i < n_cmp ? p.cmp : p.swa;
-        valid = cv.valid(slot);
-        if (valid) { dptr = cv.data(slot); sptr = cv.scales(slot); }
-      }
-      if (lane < 4) vld[st * 64 + r] = valid ? 1 : 0;
-      std::uint8_t* raw = Raw + st * kRawBytes;
-#pragma unroll
-      for (int rr = 0; rr < 4; ++rr) {
-        const std::uint8_t* d = reinterpret_cast<const std::uint8_t*>(
-            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(dptr), rr));
-        const std::uint8_t* sc = reinterpret_cast<const std::uint8_t*>(
-            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(sptr), rr));
-        const bool v = __shfl_sync(0xffffffffu, valid ? 1 : 0, rr) != 0;
-        std::uint8_t* dst = raw + (warp * 4 + rr) * kRawStride;
-        cp_async16(dst + lane * 16, d + lane * 16, v);
-        if (lane < 4) cp_async16(dst + (32 + lane) * 16, d + (32 + lane) * 16, v);
-        else if (lane == 4) cp_async8(dst + kTokenDataBytes, sc, v);
-      }
-    } else {
-      (void)i;
-      const bool valid = slot >= 0 && slot < p.ws_rows;
-      const std::uint16_t* src = valid ? p.ws + slot * kHeadDim : p.ws;
-      if ((warp & 1) == 0 && lane < 8) vld[st * 64 + r] = valid ? 1 : 0;
-      std::uint8_t* kt = Ks + st * kWgKBytes;
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const int kc = (warp & 1) * 32 + (lane >> 3) + 4 * c;
-        cp_async16(kt + blk16(r, kc), src + kc * 8, valid);
-      }
-    }
-  };
-
-  long long slot_next = -1, slot_next2 = -1;
-  if (t_begin < t_end) {
-    issue_tile(t_begin, 0, fetch_slot(t_begin));
-    cp_async_commit();
-    slot_next = fetch_slot(t_begin + 1);
-    slot_next2 = fetch_slot(t_begin + 2);
-    l2_prefetch(t_begin + 1, slot_next);
-  }
-
-  const int g = warp >> 2;           // warpgroup: S rows 16g.., O dims 128g..
-  const int w4 = warp & 3;           // warp in warpgroup: heads 16*w4 ..
-  const int qr = lane >> 2, qc = 2 * (lane & 3);
-  const int hrow[2] = {16 * w4 + qr, 16 * w4 + qr + 8};
-
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  float o[64];
-#pragma unroll
-  for (int e = 0; e < 64; ++e) o[e] = 0.f;
-
-
-  for (int t = t_begin; t < t_end; ++t) {
-    const int st = (t - t_begin) & 1;
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();  // tile t (and Q) landed; every warp is done with tile t-1
-    if (t + 1 < t_end) {
-      issue_tile(t + 1, st ^ 1, slot_next);
-      cp_async_commit();
-      l2_prefetch(t + 2, slot_next2);
-      slot_next = slot_next2;
-      slot_next2 = fetch_slot(t + 3);
-    }
-    const std::uint8_t* Kt;
-    if constexpr (kPaged) {
-      const std::uint8_t* raw = Raw + st * kRawBytes;
-#pragma unroll 1
-      for (int item = tid; item < kTileRows * 36; item += kWgThreads) {
-        const int rest = item >> 3;
-        const int c = rest % 36;
-        const int r = (rest / 36) * 8 + (item & 7);
-        const uint4 w = *reinterpret_cast<const uint4*>(raw + r * kRawStride + c * 16);
-        if (c < 28) {
-          uint4 lo, hi;
-          dequant16(w, raw[r * kRawStride + kTokenDataBytes + (c >> 2)], lo, hi);
-          *reinterpret_cast<uint4*>(Ks + blk16(r, 2 * c)) = lo;
-          *reinterpret_cast<uint4*>(Ks + blk16(r, 2 * c + 1)) = hi;
-        } else {
-          *reinterpret_cast<uint4*>(Ks + blk16(r, 56 + (c - 28))) = w;
-        }
-      }
-      fence_proxy_async();
-      __syncthreads();
-      Kt = Ks;
-    } else {
-      Kt = Ks + st * kWgKBytes;
-    }
-    const int* vt = vld + st * 64;
-
-    // ---- S[:, 16g .. 16g+15] = Q K^T
-    float sacc[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) sacc[e] = 0.f;
-    {
-      const std::uint64_t k_desc = launder(wgmma_desc(Kt + g * 2 * kWgRowSbo, 128, kWgRowSbo));
-      const std::uint64_t q_desc = launder(wgmma_desc(Qs, 128, kWgRowSbo));
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk)
-        wgmma_m64n16k16(sacc, q_desc + kk * 16, k_desc + kk * 16, kk > 0 ? 1 : 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-    }
-    const int sr = g * 16;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = sr + n * 8 + qc + (e & 1);
-        const float sv = vt[col] ? sacc[4 * n + e] * p.scale_log2 : -INFINITY;
-        sacc[4 * n + e] = sv;
-        mx[e >> 1] = fmaxf(mx[e >> 1], sv);
-      }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
-      mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
-    }
-    if ((lane & 3) == 0) {
-      red[g * 64 + hrow[0]] = mx[0];
-      red[g * 64 + hrow[1]] = mx[1];
-    }
-    __syncthreads();
-
-    float alpha[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int h = hrow[j];
-      const float mn = fmaxf(m[j], fmaxf(fmaxf(red[h], red[64 + h]), fmaxf(red[128 + h], red[192 + h])));
-      const float mu = mn == -INFINITY ? 0.f : mn;
-      alpha[j] = exp2f(m[j] - mu);
-      l[j] *= alpha[j];
-      m[j] = mn;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const float p0 = exp2f(sacc[4 * n + 2 * j] - mu), p1 = exp2f(sacc[4 * n + 2 * j + 1] - mu);
-        sum += p0 + p1;
-        const int r = sr + n * 8 + qc;  // even
-        *reinterpret_cast<std::uint32_t*>(Ps + (h >> 3) * kWgPSbo + (r >> 3) * 128 + (h & 7) * 16 + (r & 7) * 2) =
-            pack_bf16x2(p0, p1);
-      }
-      l[j] += sum;
-    }
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-      o[4 * n + 0] *= alpha[0];
-      o[4 * n + 1] *= alpha[0];
-      o[4 * n + 2] *= alpha[1];
-      o[4 * n + 3] *= alpha[1];
-    }
-    fence_proxy_async();
-    __syncthreads();
-
-    // ---- O[:, 128g .. 128g+127] += P V
-    {
-      const std::uint64_t v_desc = launder(wgmma_desc(Kt + g * 16 * 128, kWgRowSbo, 128));
-      const std::uint64_t p_desc = launder(wgmma_desc(Ps, 128, kWgPSbo));
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kTileRows / 16; ++ks)
-        wgmma_m64n128k16_tb(o, p_desc + ks * 16, v_desc + ks * ((2 * kWgRowSbo) >> 4));
-      wgmma_commit();
-      wgmma_wait<0>();
-    }
-  }
-
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    float lj = l[j];
-    lj += __shfl_xor_sync(0xffffffffu, lj, 1);
-    lj += __shfl_xor_sync(0xffffffffu, lj, 2);
-    if ((lane & 3) == 0) lsum[g * 64 + hrow[j]] = lj;
-  }
-  __syncthreads();
-
-  float lt[2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int h = hrow[j];
-    lt[j] = (lsum[h] + lsum[64 + h]) + (lsum[128 + h] + lsum[192 + h]);
-  }
-
-  if (p.cluster) {
-    // Split-K merge inside the thread-block cluster (one cluster = the splits of one (request, head
-    // group)): ranks > 0 park (m, l, O) in their own shared memory, rank 0 reads them over DSMEM and
-    // merges in rank order -- the same arithmetic as combine_splits_kernel, no global scratch.
-    cg::cluster_group cluster = cg::this_cluster();
-    const unsigned rank = cluster.block_rank();
-    float4* park = reinterpret_cast<float4*>(smem);          // [16][512] float4 = 128 KB (Q + K area)
-    float* ml = red;                                          // [64][2]
-    __syncthreads();                                          // everyone is done with red / Q / K
-    if (rank != 0) {
-#pragma unroll
-      for (int e = 0; e < 16; ++e) park[e * kWgThreads + tid] = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
-      if (g == 0 && (lane & 3) == 0) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) { ml[hrow[j] * 2] = m[j]; ml[hrow[j] * 2 + 1] = lt[j]; }
-      }
-    }
-    cluster.sync();
-    if (rank == 0) {
-      const int nr = static_cast<int>(cluster.num_blocks());
-      float M[2], L[2] = {0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < 2; ++j) M[j] = lt[j] > 0.f ? m[j] : -INFINITY;
-      for (int r = 1; r < nr; ++r) {
-        const float* rml = cluster.map_shared_rank(ml, r);
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-          if (rml[hrow[j] * 2 + 1] > 0.f) M[j] = fmaxf(M[j], rml[hrow[j] * 2]);
-      }
-      float w0[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        w0[j] = lt[j] > 0.f ? exp2f(m[j] - M[j]) : 0.f;
-        L[j] = lt[j] > 0.f ? lt[j] * w0[j] : 0.f;  // 0 + l*w, as the combine kernel
-      }
-#pragma unroll
-      for (int e = 0; e < 64; ++e) o[e] = lt[(e >> 1) & 1] > 0.f ? o[e] * w0[(e >> 1) & 1] : 0.f;
-      for (int r = 1; r < nr; ++r) {
-        const float* rml = cluster.map_shared_rank(ml, r);
-        const float4* rpark = cluster.map_shared_rank(park, r);
-        float w[2];
-        bool use[2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const float l = rml[hrow[j] * 2 + 1];
-          use[j] = l > 0.f;
-          w[j] = use[j] ? exp2f(rml[hrow[j] * 2] - M[j]) : 0.f;
-          if (use[j]) L[j] += l * w[j];
-        }
-#pragma unroll
-        for (int e = 0; e < 16; ++e) {
-          const float4 v = rpark[e * kWgThreads + tid];
-          if (use[0]) { o[4 * e] += v.x * w[0]; o[4 * e + 1] += v.y * w[0]; }
-          if (use[1]) { o[4 * e + 2] += v.z * w[1]; o[4 * e + 3] += v.w * w[1]; }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int h = hrow[j];
-        float inv = 0.f;
-        if (L[j] > 0.f) inv = 1.f / (L[j] + (p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - M[j]) : 0.f));
-        std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + g * 128 + qc;
-#pragma unroll
-        for (int n = 0; n < 16; ++n)
-          *reinterpret_cast<std::uint32_t*>(orow + n * 8) = pack_bf16x2(o[4 * n + 2 * j] * inv, o[4 * n + 2 * j + 1] * inv);
-      }
-    }
-    cluster.sync();  // keep every rank's shared memory alive until rank 0 has read it
-    return;
-  }
-
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int h = hrow[j];
-    if (p.splits == 1) {
-      float inv = 0.f;
-      if (lt[j] > 0.f) {
-        const float sterm = p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - m[j]) : 0.f;
-        inv = 1.f / (lt[j] + sterm);
-      }
-      std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + g * 128 + qc;
-#pragma unroll
-      for (int n = 0; n < 16; ++n)
-        *reinterpret_cast<std::uint32_t*>(orow + n * 8) = pack_bf16x2(o[4 * n + 2 * j] * inv, o[4 * n + 2 * j + 1] * inv);
-    } else {
-      float* orow = p.part_o + (part + h) * kHeadDim + g * 128 + qc;
-#pragma unroll
-      for (int n = 0; n < 16; ++n)
-        *reinterpret_cast<float2*>(orow + n * 8) = make_float2(o[4 * n + 2 * j], o[4 * n + 2 * j + 1]);
-      if (g == 0 && (lane & 3) == 0) {
-        p.part_ml[(part + h) * 2 + 0] = m[j];
-        p.part_ml[(part + h) * 2 + 1] = lt[j];
-      }
-    }
-  }
 }
 
 // ================================================================================================
@@ -1285,19 +896,19 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const float* part_o
 }
 
 // Which tile engine runs, chosen once per process by GRAPHSAFE_DS4_ATTENTION:
-//   ws (default): the warp-specialized wgmma kernel; wgmma: the 4-warpgroup lockstep wgmma kernel;
+//   ws (default): the warp-specialized wgmma kernel, on a compute capability 9.x device (sm_90a code);
 //   mma_sync: the portable mma.sync kernel (also what runs on a GPU without sm_90a).
-// wgmma needs sm_90a machine code, i.e. a compute capability 9.x device.
-enum class Engine { ws, wgmma, mma_sync };
+// (Session 1's 4-warpgroup lockstep wgmma kernel, "wgmma", was removed once ws was faster at every
+// shape: an untested second copy of the tile loop and merge. Its figures stay in bench/results.)
+enum class Engine { ws, mma_sync };
 Engine engine_from_env() {
   static const Engine e = [] {
     const char* v = std::getenv("GRAPHSAFE_DS4_ATTENTION");
-    const std::string s = v != nullptr ? v : "";
-    return s == "mma_sync" ? Engine::mma_sync : s == "wgmma" ? Engine::wgmma : Engine::ws;
+    return v != nullptr && std::string(v) == "mma_sync" ? Engine::mma_sync : Engine::ws;
   }();
   return e;
 }
-bool use_wgmma() {
+bool use_ws() {
   const bool env_ok = engine_from_env() != Engine::mma_sync;
   static int major[64] = {};
   int dev = 0;
@@ -1332,9 +943,6 @@ void set_smem_attribute() {
     check_cuda(cudaFuncSetAttribute(sparse_attention_kernel<kPaged>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kPaged>()),
                "cudaFuncSetAttribute(sparse_attention, max dynamic smem)");
-    check_cuda(cudaFuncSetAttribute(sparse_attention_wgmma_kernel<kPaged>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, wg_smem_bytes<kPaged>()),
-               "cudaFuncSetAttribute(sparse_attention_wgmma, max dynamic smem)");
     check_cuda(cudaFuncSetAttribute(sparse_attention_ws_kernel<kPaged>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes),
                "cudaFuncSetAttribute(sparse_attention_ws, max dynamic smem)");
@@ -1372,14 +980,13 @@ void launch(KParams& kp, const AttentionCommon& c, cudaStream_t stream, const ch
   kp.probe = probe;
   const dim3 grid(c.splits, c.batch, c.heads / kGroupHeads);
   kp.cluster = 0;
-  if (use_wgmma()) {
-    const bool ws = engine_from_env() == Engine::ws;
-    const auto kernel = ws ? sparse_attention_ws_kernel<kPaged> : sparse_attention_wgmma_kernel<kPaged>;
-    const unsigned threads = ws ? kWsThreads : kWgThreads;
-    const int smem = ws ? kWsSmemBytes : wg_smem_bytes<kPaged>();
-    // The ws kernel merges in a cluster for 2 or 4 splits (heads dealt evenly to the ranks); the
-    // lockstep kernel for 2..8 (rank 0 merges). Other split counts: scratch + combine kernel.
-    const bool cluster_ok = ws ? (c.splits == 2 || c.splits == 4) : (c.splits > 1 && c.splits <= 8);
+  if (use_ws()) {
+    const auto kernel = sparse_attention_ws_kernel<kPaged>;
+    const unsigned threads = kWsThreads;
+    const int smem = kWsSmemBytes;
+    // The ws kernel merges in a cluster for 2 or 4 splits (heads dealt evenly to the ranks). Other
+    // split counts: scratch + combine kernel.
+    const bool cluster_ok = c.splits == 2 || c.splits == 4;
     if (cluster_ok && use_cluster()) {
       // The splits of one (request, head group) form a cluster and merge over DSMEM (no scratch
       // traffic, no second kernel). If the device refuses the cluster shape, fall back for good.

@@ -144,7 +144,7 @@ void gather_workspace(const GatherArgs& a, cudaStream_t stream);
 //
 // Split-K scratch: `splits` partial results per (request, head) in `scratch` (fp32), see
 // sparse_attention_scratch_bytes. splits == 1 needs no scratch (may be null). choose_splits() picks a
-// count that fills the GPU from static shapes only (no host sync). With 2 <= splits <= 8 the default
+// count that fills the GPU from static shapes only (no host sync). With 2 or 4 splits the default
 // engine merges the splits inside a thread-block cluster and leaves the scratch untouched; it is still
 // required (the fallback path when a cluster launch is refused or GRAPHSAFE_DS4_CLUSTER=0).
 // GRAPHSAFE_DS4_ATTENTION=mma_sync selects the mma.sync tile engine instead of wgmma (both tested).
