@@ -63,6 +63,25 @@ ArenaOptions debug_options() {
   return o;
 }
 
+// What most tests here start from: findings cleared, a debug-mode arena on the host backend with
+// 1 MiB reserved, the seed's model at lengths [3, 5] and its output buffer; step(n, g) is the seed's
+// decode step with those sizing policies for the compressed and SWA rows.
+struct SeedDebugArena {
+  SeedDebugArena() {
+    debug::clear_findings();
+    arena.reserve(1 << 20, s);
+  }
+  Step step(const SizingPolicy& compressed, const SizingPolicy& swa) {
+    return Step{arena, s, m, compressed, swa, lens, out.data()};
+  }
+  Model m;
+  HostBackend backend;
+  Arena arena{backend, debug_options()};
+  HostStream s;
+  std::vector<int> lens = {3, 5};
+  std::vector<std::int64_t> out = std::vector<std::int64_t>(2 * kOutW);
+};
+
 std::vector<debug::Finding> of_kind(const std::vector<debug::Finding>& fs, std::string_view kind) {
   std::vector<debug::Finding> out;
   for (const auto& f : fs)
@@ -111,18 +130,10 @@ TEST_CASE("debug: ArenaOptions::debug turns on always_check_capture", "[debug]")
   CHECK_FALSE(plain.options().always_check_capture);
 }
 
-TEST_CASE("debug: unbounded dynamic sizes and opaque requests in capture are reported with their sites", "[debug]") {
-  debug::clear_findings();
-  Model m;
-  HostBackend backend;
-  Arena arena(backend, debug_options());
-  HostStream s;
-  arena.reserve(1 << 20, s);
-  std::vector<int> lens = {3, 5};
-  std::vector<std::int64_t> out(2 * kOutW);
+TEST_CASE_METHOD(SeedDebugArena, "debug: unbounded dynamic sizes and opaque requests in capture are reported with their sites", "[debug]") {
   const Bindings b = m.bind(lens);
   auto graph = capture(arena, s, b, [&](const Bindings& bb) {
-    Step{arena, s, m, exact_at_capture, exact_at_capture, lens, out.data()}(bb);
+    step(exact_at_capture, exact_at_capture)(bb);
     void* tmp = arena.allocate(s, 4096);  // a library temporary with only a size_t
     arena.deallocate(s, tmp, 4096);
   });
@@ -145,7 +156,7 @@ TEST_CASE("debug: unbounded dynamic sizes and opaque requests in capture are rep
   SECTION("a safe capture makes no findings") {
     debug::clear_findings();
     auto safe = capture(arena, s, b, [&](const Bindings& bb) {
-      Step{arena, s, m, capacity_bound, capacity_bound, lens, out.data()}(bb);
+      step(capacity_bound, capacity_bound)(bb);
     });
     CHECK(debug::findings().empty());
   }
@@ -177,18 +188,10 @@ TEST_CASE("debug: off, nothing is reported and no guard bytes are added", "[debu
   CHECK(g_off.plan().entries()[2].offset == g_on.plan().entries()[2].offset);
 }
 
-TEST_CASE("debug: probe reports the seed's size and offset dependencies; its safe twin has none", "[debug][probe]") {
-  debug::clear_findings();
-  Model m;
-  HostBackend backend;
-  Arena arena(backend, debug_options());
-  HostStream s;
-  arena.reserve(1 << 20, s);
-  std::vector<int> lens = {3, 5};
-  std::vector<std::int64_t> out(2 * kOutW);
+TEST_CASE_METHOD(SeedDebugArena, "debug: probe reports the seed's size and offset dependencies; its safe twin has none", "[debug][probe]") {
   const Bindings a = m.bind({3, 5}), b = m.bind({15, 17});
 
-  const auto diffs = debug::probe(arena, s, Step{arena, s, m, exact_at_capture, exact_at_capture, lens, out.data()},
+  const auto diffs = debug::probe(arena, s, step(exact_at_capture, exact_at_capture),
                                   a, b);
   auto find = [&](const std::string& name) {
     return std::count_if(diffs.begin(), diffs.end(), [&](const debug::Finding& f) { return f.request == name; });
@@ -208,7 +211,7 @@ TEST_CASE("debug: probe reports the seed's size and offset dependencies; its saf
 
   SECTION("safe twin") {
     const StaticQueryBound swa(Extent(m.W));
-    const auto none = debug::probe(arena, s, Step{arena, s, m, capacity_bound, swa, lens, out.data()}, a, b);
+    const auto none = debug::probe(arena, s, step(capacity_bound, swa), a, b);
     CHECK(none.empty());
   }
   SECTION("plain size_t requests: a size and the offset after it") {
@@ -308,15 +311,7 @@ TEST_CASE("debug: canaries name the workspace, the graph and the replay that wro
   }
 }
 
-TEST_CASE("debug: audit_replay catches the exact-at-capture bug and passes the safe version", "[debug][audit]") {
-  debug::clear_findings();
-  Model m;
-  HostBackend backend;
-  Arena arena(backend, debug_options());
-  HostStream s;
-  arena.reserve(1 << 20, s);
-  std::vector<int> lens = {3, 5};
-  std::vector<std::int64_t> out(2 * kOutW);
+TEST_CASE_METHOD(SeedDebugArena, "debug: audit_replay catches the exact-at-capture bug and passes the safe version", "[debug][audit]") {
   const std::vector<Bindings> later = {m.bind({3, 5}), m.bind({15, 17}), m.bind({255, 257}), m.bind({511, 512})};
   debug::AuditOptions ao;
   ao.prepare = [&](const Bindings& b) {
@@ -326,7 +321,7 @@ TEST_CASE("debug: audit_replay catches the exact-at-capture bug and passes the s
   auto output = [&] { return std::as_bytes(std::span<const std::int64_t>(out)); };
 
   const StaticQueryBound swa(Extent(m.W));
-  const auto safe = debug::audit_replay(arena, s, Step{arena, s, m, capacity_bound, swa, lens, out.data()}, output,
+  const auto safe = debug::audit_replay(arena, s, step(capacity_bound, swa), output,
                                         m.bind({3, 5}), later, ao);
   REQUIRE(safe.size() == later.size());
   for (const auto& st : safe) {
@@ -336,8 +331,7 @@ TEST_CASE("debug: audit_replay catches the exact-at-capture bug and passes the s
   }
   CHECK(of_kind(debug::findings(), debug::kind::replay_mismatch).empty());
 
-  const auto guarded = debug::audit_replay(arena, s, Step{arena, s, m, exact_at_capture, exact_at_capture, lens,
-                                                          out.data()},
+  const auto guarded = debug::audit_replay(arena, s, step(exact_at_capture, exact_at_capture),
                                            output, m.bind({3, 5}), later, ao);
   REQUIRE(guarded.size() == later.size());
   CHECK(guarded[0].equal);
@@ -348,8 +342,7 @@ TEST_CASE("debug: audit_replay catches the exact-at-capture bug and passes the s
   CHECK(of_kind(debug::findings(), debug::kind::replay_refused).size() == 3);
 
   ao.bypass_guards = true;
-  const auto bypassed = debug::audit_replay(arena, s, Step{arena, s, m, exact_at_capture, exact_at_capture, lens,
-                                                           out.data()},
+  const auto bypassed = debug::audit_replay(arena, s, step(exact_at_capture, exact_at_capture),
                                             output, m.bind({3, 5}), later, ao);
   CHECK(bypassed[0].equal);
   CHECK_FALSE(bypassed[1].equal);  // the seed's silent corruption: SWA rows over compressed rows
@@ -359,17 +352,9 @@ TEST_CASE("debug: audit_replay catches the exact-at-capture bug and passes the s
   CHECK(of_kind(debug::findings(), debug::kind::replay_mismatch).size() >= 1);
 }
 
-TEST_CASE("debug: external findings and the JSON report", "[debug][report]") {
-  debug::clear_findings();
-  Model m;
-  HostBackend backend;
-  Arena arena(backend, debug_options());
-  HostStream s;
-  arena.reserve(1 << 20, s);
-  std::vector<int> lens = {3, 5};
-  std::vector<std::int64_t> out(2 * kOutW);
+TEST_CASE_METHOD(SeedDebugArena, "debug: external findings and the JSON report", "[debug][report]") {
   auto graph = capture(arena, s, m.bind(lens), [&](const Bindings& bb) {
-    Step{arena, s, m, exact_at_capture, exact_at_capture, lens, out.data()}(bb);
+    step(exact_at_capture, exact_at_capture)(bb);
     // What the CUPTI injection library does from its callback.
     debug::report_finding("raw-cuda-malloc-in-capture", "engine.cpp:42 (alloc)", "cudaMalloc(1024) during capture",
                           "use the arena", "", "");
