@@ -103,22 +103,6 @@ __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
-// UE8M0 byte -> 2^(byte-127) (byte 0 -> 0, never produced by the quantizer: amax >= 1e-4).
-__device__ __forceinline__ float ue8m0_to_float(unsigned byte) { return __uint_as_float(byte << 23); }
-
-// 4 fp8 e4m3 (one 32-bit word) * scale -> 4 bf16 (two 32-bit words), through fp32. Exact: e4m3 ->
-// f16 is exact, times a power of two is exact in fp32, and 4 significant bits fit bf16. Kept as the
-// reference for dequant16 (tests/gpu/test_ds4_dequant.cu compares the two on every byte and scale).
-__device__ __forceinline__ void dequant4_via_f32(std::uint32_t w, float scale, std::uint32_t& lo,
-                                                 std::uint32_t& hi) {
-  const __half2_raw h0 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFF), __NV_E4M3);
-  const __half2_raw h1 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
-  const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&h0));
-  const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&h1));
-  lo = pack_bf16x2(f0.x * scale, f0.y * scale);
-  hi = pack_bf16x2(f1.x * scale, f1.y * scale);
-}
-
 // Two e4m3 bytes of w (bytes 0, 1 with kSel = 0x9180; bytes 2, 3 with 0xB3A2) -> the bf16x2 bit
 // patterns of their values times 2^-120: sign to bit 15, exponent+mantissa (7 bits) to bits 4-10.
 // bf16 and e4m3 subnormals line up (e4m3 exponent 0 -> bf16 exponent 0), so every finite byte maps
@@ -138,8 +122,9 @@ __device__ __forceinline__ std::uint32_t bf16x2_bits_mul(std::uint32_t a, __nv_b
 }
 
 // 16 fp8 e4m3 values (one 16-byte chunk of a tile) * 2^(scale_byte - 127) -> 16 bf16 (lo: values
-// 0-7, hi: 8-15), bit-identical to dequant4_via_f32 for every finite byte (the quantizer saturates:
-// no NaN bytes). Why not dequant4_via_f32: its fp8 -> f16 -> f32 -> bf16 chain is four instructions
+// 0-7, hi: 8-15), bit-identical to the fp32 path it replaced (fp8 -> f16 -> f32 x scale -> bf16; kept
+// in tests/gpu/test_ds4_dequant.cu as a reference) for every finite byte (the quantizer saturates:
+// no NaN bytes). Why not the fp32 path: its fp8 -> f16 -> f32 -> bf16 chain is four instructions
 // of the conversion pipe per 4 values, 16 lanes/clock/SM on sm_90 -- the warp-specialized attention
 // kernel's producer was bound by it. Here: a byte permute, a shift and a mask place the bits,
 // and one or two bf16x2 multiplies (FMA pipe; bf16 arithmetic keeps subnormals) apply 2^120 * scale.

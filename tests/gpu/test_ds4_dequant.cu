@@ -17,6 +17,18 @@ namespace gd = graphsafe::ds4::cuda::detail;
 
 namespace {
 
+// The fp32 path the kernels used before dequant16 (fp8 -> f16 -> f32, times the scale, -> bf16):
+// a second, independent device reference beside the host arithmetic below.
+__device__ float ue8m0_to_float(unsigned byte) { return __uint_as_float(byte << 23); }  // 0 -> 0, 255 -> inf
+__device__ void dequant4_via_f32(std::uint32_t w, float scale, std::uint32_t& lo, std::uint32_t& hi) {
+  const __half2_raw h0 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFF), __NV_E4M3);
+  const __half2_raw h1 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+  const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&h0));
+  const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&h1));
+  lo = gd::pack_bf16x2(f0.x * scale, f0.y * scale);
+  hi = gd::pack_bf16x2(f1.x * scale, f1.y * scale);
+}
+
 // Block = scale byte, thread = 16-byte chunk k (bytes 16k .. 16k+15): both paths, all 256 bytes.
 __global__ void dequant_all(std::uint16_t* fast, std::uint16_t* ref) {
   const unsigned sb = blockIdx.x, k = threadIdx.x;  // 16 threads x 16 bytes = all 256 byte values
@@ -31,9 +43,9 @@ __global__ void dequant_all(std::uint16_t* fast, std::uint16_t* ref) {
   std::uint16_t* f = fast + (sb * 256 + 16 * k);
   reinterpret_cast<uint4*>(f)[0] = lo;
   reinterpret_cast<uint4*>(f)[1] = hi;
-  const float sc = gd::ue8m0_to_float(sb);
+  const float sc = ue8m0_to_float(sb);
   std::uint32_t r[8];
-  for (int i = 0; i < 4; ++i) gd::dequant4_via_f32(v[i], sc, r[2 * i], r[2 * i + 1]);
+  for (int i = 0; i < 4; ++i) dequant4_via_f32(v[i], sc, r[2 * i], r[2 * i + 1]);
   std::memcpy(ref + (sb * 256 + 16 * k), r, sizeof r);
 }
 
