@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -32,6 +33,12 @@
 
 namespace ds4 = graphsafe::ds4;
 namespace gk = graphsafe::ds4::cuda;
+#ifdef GRAPHSAFE_DS4_TIMELINE
+namespace graphsafe::ds4::cuda {
+void timeline_reset();
+std::vector<unsigned long long> timeline_read();
+}
+#endif
 
 #define CK(x)                                                                                    \
   do {                                                                                           \
@@ -141,6 +148,84 @@ struct Record {
   std::string unit, baseline_name;
   double baseline_value, ratio;
 };
+
+#ifdef GRAPHSAFE_DS4_TIMELINE
+// Breakdown of one graph replay of the sweep from the kernel's clock64 stamps (sparse_attention.cu,
+// TL slots): medians over the CTAs of the layers 2 .. L-2, in microseconds at the SM clock.
+void print_timeline(const std::vector<unsigned long long>& v, int grid, double clock_ghz) {
+  constexpr int S = 96;
+  const std::size_t count = v.size() / S;
+  std::vector<std::size_t> order(count);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return v[a * S] < v[b * S]; });
+  const std::size_t layers = count / grid;
+  std::printf("timeline: %zu CTA records, %zu layers of %d CTAs, SM clock %.2f GHz\n", count, layers, grid, clock_ghz);
+  std::vector<double> span, gap, start_skew;
+  std::map<std::string, std::vector<double>> d;
+  auto us = [&](unsigned long long a, unsigned long long b) { return (double(b) - double(a)) / (clock_ghz * 1e3); };
+  for (std::size_t l = 0; l < layers; ++l) {
+    unsigned long long g0 = ~0ull, g0max = 0, g1 = 0;
+    for (int k = 0; k < grid; ++k) {
+      const unsigned long long* r = &v[order[l * grid + k] * S];
+      g0 = std::min(g0, r[0]);
+      g0max = std::max(g0max, r[0]);
+      g1 = std::max(g1, r[1]);
+    }
+    span.push_back((g1 - g0) / 1e3);
+    start_skew.push_back((g0max - g0) / 1e3);
+    if (l + 1 < layers) {
+      unsigned long long n0 = ~0ull;
+      for (int k = 0; k < grid; ++k) n0 = std::min(n0, v[order[(l + 1) * grid + k] * S]);
+      gap.push_back((double(n0) - double(g1)) / 1e3);
+    }
+    if (l < 2 || l + 2 >= layers) continue;
+    for (int k = 0; k < grid; ++k) {
+      const unsigned long long* r = &v[order[l * grid + k] * S];
+      const int n = static_cast<int>(r[4]);
+      if (n <= 0 || r[49] == 0) continue;
+      const std::string tag = "n=" + std::to_string(n) + " ";
+      d[tag + "a entry -> Q ready"].push_back(us(r[2], r[5]));
+      d[tag + "b entry -> first FULL"].push_back(us(r[2], r[6]));
+      for (int j = 0; j < n && j < 8; ++j) {
+        if (j > 0) d[tag + "c FULL(j-1) -> FULL(j)"].push_back(us(r[6 + j - 1], r[6 + j]));
+        d[tag + "d consumer S (FULL -> S done)"].push_back(us(r[6 + j], r[14 + j]));
+        d[tag + "e consumer softmax+PV (S done -> PV done)"].push_back(us(r[14 + j], r[22 + j]));
+        d[tag + "f producer fill (loads start -> FULL arrive)"].push_back(us(r[38 + j], r[30 + j]));
+        if (j > 0) d[tag + "g producer loads start after consumer FULL(j-1)"].push_back(us(r[6 + j - 1], r[38 + j]));
+        if (j > 0) d[tag + "g2 producer FULL(j-1) arrive -> loads start"].push_back(us(r[30 + j - 1], r[38 + j]));
+        if (r[56 + j] != 0) d[tag + "f1 producer loads start -> landed"].push_back(us(r[38 + j], r[56 + j]));
+        if (r[56 + j] != 0) d[tag + "f2 producer landed -> FULL arrive"].push_back(us(r[56 + j], r[30 + j]));
+        if (r[56 + j] != 0) d[tag + "f3 producer landed -> stores done"].push_back(us(r[56 + j], r[72 + j]));
+        d[tag + "f4 producer fence.proxy.async"].push_back(us(r[72 + j], r[30 + j]));
+        if (j > 0) d[tag + "g3 producer FULL(j-1) arrive -> loads issued + EMPTY ok"].push_back(us(r[30 + j - 1], r[64 + j]));
+        d[tag + "h consumer waits FULL (arrive -> acquired)"].push_back(us(r[30 + j], r[6 + j]));
+      }
+      d[tag + "a1 entry -> Q landed"].push_back(us(r[2], r[51]));
+      if (r[52] != 0) {
+        d[tag + "l1 B -> merge weights"].push_back(us(r[48], r[52]));
+        d[tag + "l2 merge weights -> merged O"].push_back(us(r[52], r[53]));
+        d[tag + "l3 merged O -> staged (bar)"].push_back(us(r[53], r[54]));
+        d[tag + "l4 staged -> stores issued"].push_back(us(r[54], r[49]));
+      }
+      d[tag + "i last PV -> loop end"].push_back(us(r[22 + std::min(n, 8) - 1], r[46]));
+      d[tag + "j loop end -> cluster A"].push_back(us(r[46], r[47]));
+      d[tag + "k cluster A -> B (push)"].push_back(us(r[47], r[48]));
+      d[tag + "l cluster B -> exit (merge, store)"].push_back(us(r[48], r[49]));
+      d[tag + "m entry -> exit"].push_back(us(r[2], r[49]));
+    }
+  }
+  auto med = [](std::vector<double> x) {
+    if (x.empty()) return 0.0;
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  auto mx = [](const std::vector<double>& x) { return x.empty() ? 0.0 : *std::max_element(x.begin(), x.end()); };
+  std::printf("  per layer (globaltimer): span median %.2f max %.2f us; gap to next layer median %.2f us; CTA start skew median %.2f us\n",
+              med(span), mx(span), med(gap), med(start_skew));
+  for (const auto& [k, x] : d)
+    std::printf("  %-58s median %7.3f  max %7.3f us  (%zu)\n", k.c_str(), med(x), mx(x), x.size());
+}
+#endif
 
 std::string json_escape(const std::string& s) {
   std::string o;
@@ -404,6 +489,18 @@ int main(int argc, char** argv) {
     });
     const double us_idx = time_graph(g_idx, st, reps) * 1e3 / layers;
     const double us_paged = time_graph(g_paged, st, reps) * 1e3 / layers;
+#ifdef GRAPHSAFE_DS4_TIMELINE
+    {
+      CK(cudaStreamSynchronize(st));
+      gk::timeline_reset();
+      CK(cudaGraphLaunch(g_paged, st));
+      CK(cudaStreamSynchronize(st));
+      int khz = 0;
+      CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+      std::printf("%s paged-direct, ", ratio == 1 ? "C1" : (ratio == 4 ? "C4" : "C128"));
+      print_timeline(gk::timeline_read(), B * (H / 64) * gk::choose_splits(B, H, cw + W, gk::device_sm_count()), khz / 1e6);
+    }
+#endif
 
     // gather path with capacity sizes (N = ceil(max_len / r), M = N + W)
     const long long N = cap, M = N + W;

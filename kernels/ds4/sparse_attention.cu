@@ -46,6 +46,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace graphsafe::ds4::cuda {
 namespace {
@@ -421,17 +422,37 @@ constexpr int kWsConsumers = 256;
 constexpr int kWsConsumerRegs = GRAPHSAFE_WS_CONSUMER_REGS;
 constexpr int kWsProducerRegs = 168 - 2 * (kWsConsumerRegs - 168);
 static_assert(kWsProducerRegs >= 24 && kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0, "setmaxnreg counts");
-constexpr int kWsMiscBytes = (2 + 2) * 64 * 4 + 2 * 64 * 4 + 2 * 2 * 64 * 8;  // red, lsum, vld, row ptrs
+constexpr int kWsMiscBytes = (2 + 2) * 64 * 4 + 2 * 64 * 4;  // red, lsum, vld
 constexpr int kWsSmemBytes = kWgQBytes + 2 * kWgKBytes + kWgPBytes + kWsMiscBytes;
 static_assert(kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem over the sm_90 limit");
 
 // Named barriers (0 is __syncthreads): FULL[s] producer -> consumers, EMPTY[s] consumers ->
-// producer, MAX / PREADY among the consumers, PROD among the producer's warps, OUT among a cluster
-// merge's owner threads.
-enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarMax = 5, kBarP = 6, kBarProd = 7, kBarOut = 8 };
+// producer, MAX / PREADY among the consumers, OUT among the consumers of a cluster merge.
+enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarMax = 5, kBarP = 6, kBarOut = 8 };
 constexpr int kWsOutStride = kHeadDim * 2 + 16;  // bytes per head row of the staged output
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+// Diagnostics only (a build with -DGRAPHSAFE_DS4_TIMELINE; bench/ds4_attention_bench prints the
+// breakdown): per CTA, clock64 stamps at the phase edges of the ws kernel, so the per-layer time can
+// be split into launch gap, prologue, per-tile producer / consumer time and merge. Compiled out
+// otherwise (TL(...) expands to nothing).
+#ifdef GRAPHSAFE_DS4_TIMELINE
+constexpr int kTlSlots = 96;
+__device__ unsigned long long g_tl[kTlSlots * 8192];
+__device__ unsigned int g_tl_count;
+__device__ __forceinline__ unsigned long long tl_clock() { return clock64(); }
+__device__ __forceinline__ unsigned long long tl_gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define TL(slot, cond) do { if ((cond) && tl_rec < 8192) g_tl[tl_rec * kTlSlots + (slot)] = tl_clock(); } while (0)
+#define TLDEP(slot, cond, reg) do { asm volatile("" ::"r"(reg) : "memory"); TL(slot, cond); } while (0)
+#else
+#define TL(slot, cond) do { } while (0)
+#define TLDEP(slot, cond, reg) do { } while (0)
+#endif
 
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -455,12 +476,40 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   float* red = reinterpret_cast<float*>(Ps + kWgPBytes);  // [2][64] row max per consumer
   float* lsum = red + 2 * 64;                             // [2][64] row sums per consumer
   int* vld = reinterpret_cast<int*>(lsum + 2 * 64);       // [2 stages][64]
-  const std::uint8_t** rowd = reinterpret_cast<const std::uint8_t**>(vld + 2 * 64);  // [2][64]
-  const std::uint8_t** rows = rowd + 2 * 64;                                          // [2][64]
 
   const int split = blockIdx.x, b = blockIdx.y, head0 = blockIdx.z * kGroupHeads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
+  // Queries first (consumer threads): their loads do not depend on the lengths, so they overlap
+  // the length and index loads instead of following them (timeline: ~0.7 us of the prologue).
+  // Consumer warp cw loads heads 8 cw + lane % 8, 16-byte chunks lane / 8 + 4 i; stored into the
+  // canonical layout once the consumers own their registers. Plain loads + st.shared, no cp.async:
+  // every shared-memory write of this kernel is an ordinary store, which compute-sanitizer
+  // racecheck orders across the cluster barriers.
+  const int qh = warp * 8 + (lane & 7);
+  uint4 qv[16];
+  if (tid < kWsConsumers) {
+    const std::uint16_t* qrow = p.q + (static_cast<long long>(b) * p.H + head0 + qh) * kHeadDim;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) qv[i] = __ldg(reinterpret_cast<const uint4*>(qrow + ((lane >> 3) + 4 * i) * 8));
+  }
+#ifdef GRAPHSAFE_DS4_TIMELINE
+  __shared__ unsigned int tl_shared;
+  const unsigned long long tl_t0 = tl_clock(), tl_g0 = tl_gtime();
+  if (tid == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    tl_shared = atomicAdd(&g_tl_count, 1u);
+    if (tl_shared < 8192) {
+      unsigned long long* r = g_tl + tl_shared * kTlSlots;
+      r[0] = tl_g0;
+      r[2] = tl_t0;
+      r[3] = (static_cast<unsigned long long>(sm) << 32) | (blockIdx.x | (blockIdx.y << 8) | (blockIdx.z << 24));
+    }
+  }
+  __syncthreads();
+  const unsigned tl_rec = tl_shared;
+#endif
   int n_cmp = 0, T = 0;
   if constexpr (kPaged) {
     if (p.cmp_idx != nullptr) n_cmp = min(max(p.cmp_lens[b], 0), p.cmp_width);
@@ -472,6 +521,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   const int tps = (ntiles + p.splits - 1) / p.splits;
   const int t_begin = split * tps, t_end = min(ntiles, t_begin + tps);
   const int n = max(0, t_end - t_begin);
+#ifdef GRAPHSAFE_DS4_TIMELINE
+  if (tid == 0 && tl_rec < 8192) g_tl[tl_rec * kTlSlots + 4] = n;
+#endif
   const long long part = (static_cast<long long>(b) * p.splits + split) * p.H + head0;
 
   if (n == 0 && !p.cluster) {
@@ -496,9 +548,23 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     // ================================ producer ================================
     setmaxnreg_dec<kWsProducerRegs>();  // frees 128 x (168 - P) = 256 x (C - 168) for the consumers
     const int ptid = tid - kWsConsumers;
-    auto fetch_slot = [&](int t) -> long long {  // slot of row ptid of tile t; -1: no row
-      const int i = t * kTileRows + ptid;
-      if (ptid >= kTileRows || t >= t_end || i >= T) return -1;
+    // Thread (producer warp pw, lane l) owns rows r0 = 16 pw + l % 8 and r0 + 8 of every tile and
+    // their 16-byte chunks q + 4m (q = l / 8). It fetches its rows' slots and computes their
+    // addresses itself (4 threads share a row: redundant index loads hit L1), so no row pointers
+    // go through shared memory and no producer-wide barrier sits in the loop. Every chunk's global
+    // offset and shared-memory offset is a compile-time constant from two bases. A warp's load
+    // covers 8 rows x 64 contiguous bytes (8 L1 wavefronts), and each 8-lane phase of a 128-bit
+    // shared store covers 8 consecutive rows of one core-matrix column (conflict-free).
+    // Why: the timeline build (GRAPHSAFE_DS4_TIMELINE) showed the producer as the tile loop's
+    // critical path, with ~0.45 us per tile spent publishing row pointers behind the stage's
+    // EMPTY barrier and ~1.9 us from issuing the row loads to the stores (L2 latency included).
+    // Now the loads of tile t are issued before waiting for its stage (registers, not shared
+    // memory, are their destination), so that wait overlaps their latency.
+    const int q = (ptid >> 3) & 3;
+    const int r0 = 16 * (ptid >> 5) + (ptid & 7);
+    auto fetch_slot = [&](int t, int row) -> long long {  // slot of a row of tile t; -1: no row
+      const int i = t * kTileRows + row;
+      if (t >= t_end || i >= T) return -1;
       if constexpr (kPaged) {
         return i < n_cmp ? p.cmp_idx[static_cast<long long>(b) * p.cmp_width + i]
                          : p.swa_idx[static_cast<long long>(b) * p.swa_width + (i - n_cmp)];
@@ -506,122 +572,143 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         return p.idx[static_cast<long long>(b) * p.width + i];
       }
     };
-    // Row pointers of tile t (data, scales; null = invalid row -> zeros), published in smem.
-    auto publish_row = [&](int t, int st, long long slot) {
-      const std::uint8_t* d = nullptr;
-      const std::uint8_t* sc = nullptr;
+    // Data and scale addresses of a row of tile t (null: invalid row -> zeros).
+    auto row_ptrs = [&](int t, int row, long long slot, const std::uint8_t*& d, const std::uint8_t*& sc) {
+      d = nullptr;
+      sc = nullptr;
       if constexpr (kPaged) {
-        const CacheView& cv = t * kTileRows + ptid < n_cmp ? p.cmp : p.swa;
+        const CacheView& cv = t * kTileRows + row < n_cmp ? p.cmp : p.swa;
         if (slot >= 0 && cv.valid(slot)) { d = cv.data(slot); sc = cv.scales(slot); }
       } else {
         if (slot >= 0 && slot < p.ws_rows) d = reinterpret_cast<const std::uint8_t*>(p.ws + slot * kHeadDim);
       }
-      rowd[st * 64 + ptid] = d;
-      rows[st * 64 + ptid] = sc;
-      vld[st * 64 + ptid] = d != nullptr ? 1 : 0;
     };
-    auto l2_prefetch = [&](int t, long long slot) {
-      if (slot < 0) return;
-      if constexpr (kPaged) {
-        const CacheView& cv = t * kTileRows + ptid < n_cmp ? p.cmp : p.swa;
-        if (!cv.valid(slot)) return;
-        const std::uint8_t* d = cv.data(slot);
+    // L2 prefetch of this thread's quarter of its two rows (the 4 threads of a row split its lines).
+    auto l2_prefetch = [&](int t, const long long* slot) {
 #pragma unroll
-        for (int line = 0; line < 5; ++line) asm volatile("prefetch.global.L2 [%0];" ::"l"(d + line * 128));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(cv.scales(slot)));
-      } else {
-        if (slot >= p.ws_rows) return;
-        const std::uint8_t* row = reinterpret_cast<const std::uint8_t*>(p.ws + slot * kHeadDim);
-#pragma unroll
-        for (int line = 0; line < 8; ++line) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + line * 128));
+      for (int rr = 0; rr < 2; ++rr) {
+        const std::uint8_t *d, *sc;
+        row_ptrs(t, r0 + 8 * rr, slot[rr], d, sc);
+        if (d == nullptr) continue;
+        if constexpr (kPaged) {
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(d + q * 128));
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(q == 0 ? d + 512 : sc));
+        } else {
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(d + q * 128));
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(d + 512 + q * 128));
+        }
       }
     };
-    // Slots are fetched three tiles ahead (used one iteration later: the index load's latency is
-    // never waited for inside an iteration), their rows prefetched into L2 two tiles ahead, so the
-    // tile's own loads (all 18 chunks per thread in flight at once) are L2 hits. Measured with
-    // GRAPHSAFE_DS4_WS_PROBE=3 (no row loads, no MMA): waiting for the index in the iteration that
-    // fetched it cost ~1 us per tile.
-    long long slot_cur = fetch_slot(t_begin), slot_nxt = fetch_slot(t_begin + 1), slot_n2 = fetch_slot(t_begin + 2);
-    l2_prefetch(t_begin + 1, slot_nxt);
+    // Slots are fetched three tiles ahead (used two iterations later: the index load's latency is
+    // never waited for), their rows prefetched into L2 two tiles ahead (after the FULL arrive, off
+    // the critical path), so the tile's own loads are L2 hits. Measured with probes earlier:
+    // waiting for the index in the iteration that fetched it cost ~1 us per tile.
+    long long sl0[2], sl1[2], sl2[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      sl0[rr] = fetch_slot(t_begin, r0 + 8 * rr);
+      sl1[rr] = fetch_slot(t_begin + 1, r0 + 8 * rr);
+      sl2[rr] = fetch_slot(t_begin + 2, r0 + 8 * rr);
+    }
+    l2_prefetch(t_begin + 1, sl1);
     for (int j = 0; j < n; ++j) {
       const int t = t_begin + j, st = j & 1;
-      const long long slot_n3 = fetch_slot(t + 3);
-      if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
-      if (ptid < kTileRows) publish_row(t, st, slot_cur);
-      l2_prefetch(t + 2, slot_n2);
-      bar_sync(kBarProd, 128);
+      long long sl3[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) sl3[rr] = fetch_slot(t + 3, r0 + 8 * rr);
+      const std::uint8_t *d0, *d1, *sc0, *sc1;
+      row_ptrs(t, r0, sl0[0], d0, sc0);
+      row_ptrs(t, r0 + 8, sl0[1], d1, sc1);
+      if (p.probe & 1) d0 = d1 = nullptr;
       std::uint8_t* kt = Ks + st * kWgKBytes;
-      const std::uint8_t* const* rd = rowd + st * 64;
-      // Thread ptid owns row r = (ptid & 7) + 8 (ptid >> 4) of the tile and its 16-byte chunks
-      // h, h + 2, h + 4, ... (h = (ptid >> 3) & 1). The row pointer is read once; every chunk's
-      // global offset and shared-memory offset is a compile-time constant from two bases; each
-      // 8-lane phase of a 128-bit shared store covers 8 consecutive rows of one core-matrix column
-      // (128 contiguous bytes: conflict-free); a warp's load covers 16 rows x 32 contiguous bytes.
-      // Why: the previous item-by-item mapping spent ~20 instructions per chunk on index
-      // arithmetic, the loop was 1360 SASS instructions, and ncu showed the producer (the tile
-      // loop's critical path) waiting on instruction fetch 43 % of its time.
-      const int r = (ptid & 7) + 8 * (ptid >> 4), h = (ptid >> 3) & 1;
-      std::uint8_t* kr = kt + (r >> 3) * kWgRowSbo + (r & 7) * 16;  // + 128 kc: bf16 chunk kc of row r
-      const std::uint8_t* d = (p.probe & 1) ? nullptr : rd[r];
+      std::uint8_t* kr0 = kt + (r0 >> 3) * kWgRowSbo + (r0 & 7) * 16;  // + 128 kc: bf16 chunk kc of row r0
+      std::uint8_t* kr1 = kr0 + kWgRowSbo;                             // row r0 + 8
+      TL(38 + (j & 7), ptid == 0);
       if constexpr (kPaged) {
-        // fp8 chunk ch = h + 2m (m < 14): scale byte (h + 2m) / 4 = m / 2, bf16 chunks 2ch, 2ch + 1
-        // -> kr + 256 h + 512 m (+ 128). Rope chunk ch = 28 + h + 2m (m < 4): bf16 chunk 56 + h + 2m.
-        uint4 w[18];
-        uint2 sc = make_uint2(0, 0);
-        if (d != nullptr) {
-          const uint4* src = reinterpret_cast<const uint4*>(d) + h;
+        // fp8 chunk c = q + 4m (m < 7): scale byte m, bf16 chunks 2c, 2c + 1 -> kr + 256 q + 1024 m
+        // (+ 128). Rope chunk c = 28 + q + 4m' (m' < 2): bf16 chunk 56 + q + 4m' -> kr + 7168 +
+        // 128 q + 512 m'. All 18 loads are issued before the stage wait.
+        uint4 w[2][9];
+        uint2 sc[2] = {make_uint2(0, 0), make_uint2(0, 0)};
 #pragma unroll
-          for (int m = 0; m < 18; ++m) w[m] = __ldg(src + 2 * m);
-          sc = __ldg(reinterpret_cast<const uint2*>(rows[st * 64 + r]));  // 7 scales + pad, 8-aligned
-        } else {
+        for (int rr = 0; rr < 2; ++rr) {
+          const std::uint8_t* d = rr == 0 ? d0 : d1;
+          if (d != nullptr) {
+            const uint4* src = reinterpret_cast<const uint4*>(d) + q;
 #pragma unroll
-          for (int m = 0; m < 18; ++m) w[m] = make_uint4(0, 0, 0, 0);
-        }
-        std::uint8_t* kf = kr + 256 * h;
-        // The row's 7 scale factors once (chunks 2i, 2i + 1 share scale i); rows with a scale byte
-        // >= 128 (never real KV scales) take the general dequant16 (a branch, not hot-path code).
-        if (((sc.x | sc.y) & 0x80808080u) == 0) {
-          __nv_bfloat162 f[7];
+            for (int m = 0; m < 9; ++m) w[rr][m] = __ldg(src + 4 * m);
+            sc[rr] = __ldg(reinterpret_cast<const uint2*>(rr == 0 ? sc0 : sc1));  // 7 scales + pad
+          } else {
 #pragma unroll
-          for (int i = 0; i < 7; ++i) f[i] = ue8m0_factor(((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) & 0xFFu);
-#pragma unroll
-          for (int m = 0; m < 14; ++m) {
-            uint4 lo, hi;
-            dequant16_small(w[m], f[m >> 1], lo, hi);
-            *reinterpret_cast<uint4*>(kf + 512 * m) = lo;
-            *reinterpret_cast<uint4*>(kf + 512 * m + 128) = hi;
-          }
-        } else {  // unrolled too: a rolled loop would index w[] dynamically (local memory)
-#pragma unroll
-          for (int m = 0; m < 14; ++m) {
-            const int si = m >> 1;
-            uint4 lo, hi;
-            dequant16(w[m], ((si < 4 ? sc.x : sc.y) >> (8 * (si & 3))) & 0xFFu, lo, hi);
-            *reinterpret_cast<uint4*>(kf + 512 * m) = lo;
-            *reinterpret_cast<uint4*>(kf + 512 * m + 128) = hi;
+            for (int m = 0; m < 9; ++m) w[rr][m] = make_uint4(0, 0, 0, 0);
           }
         }
-        std::uint8_t* kp = kr + 56 * 128 + 128 * h;
+        if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
+        TL(64 + (j & 7), ptid == 0);
+        if (q == 0) {
+          vld[st * 64 + r0] = d0 != nullptr ? 1 : 0;
+          vld[st * 64 + r0 + 8] = d1 != nullptr ? 1 : 0;
+        }
+        TLDEP(56 + (j & 7), ptid == 0, w[0][8].w);
 #pragma unroll
-        for (int m = 0; m < 4; ++m) *reinterpret_cast<uint4*>(kp + 256 * m) = w[14 + m];
+        for (int rr = 0; rr < 2; ++rr) {
+          std::uint8_t* kf = (rr == 0 ? kr0 : kr1) + 256 * q;
+          const uint2 sr = sc[rr];
+          // Rows with a scale byte >= 128 (never real KV scales) take the general dequant16 (a
+          // branch, not hot-path code); both loops unrolled: a rolled one would index w[] dynamically.
+          if (((sr.x | sr.y) & 0x80808080u) == 0) {
+#pragma unroll
+            for (int m = 0; m < 7; ++m) {
+              uint4 lo, hi;
+              dequant16_small(w[rr][m], ue8m0_factor(((m < 4 ? sr.x : sr.y) >> (8 * (m & 3))) & 0xFFu), lo, hi);
+              *reinterpret_cast<uint4*>(kf + 1024 * m) = lo;
+              *reinterpret_cast<uint4*>(kf + 1024 * m + 128) = hi;
+            }
+          } else {
+#pragma unroll
+            for (int m = 0; m < 7; ++m) {
+              uint4 lo, hi;
+              dequant16(w[rr][m], ((m < 4 ? sr.x : sr.y) >> (8 * (m & 3))) & 0xFFu, lo, hi);
+              *reinterpret_cast<uint4*>(kf + 1024 * m) = lo;
+              *reinterpret_cast<uint4*>(kf + 1024 * m + 128) = hi;
+            }
+          }
+          std::uint8_t* kp = (rr == 0 ? kr0 : kr1) + 56 * 128 + 128 * q;
+          *reinterpret_cast<uint4*>(kp) = w[rr][7];
+          *reinterpret_cast<uint4*>(kp + 512) = w[rr][8];
+        }
       } else {
-        // bf16 chunk kc = h + 2m (m < 32) -> kr + 128 h + 256 m; two batches of 16 loads.
-        const uint4* src = reinterpret_cast<const uint4*>(d) + h;
-        std::uint8_t* kb = kr + 128 * h;
+        // bf16 chunk c = q + 4m (m < 16) -> kr + 128 q + 512 m; 16 loads per row, the first row's
+        // issued before the stage wait (both rows' would take 128 registers).
+        uint4 v[16];
+        const uint4* src0 = reinterpret_cast<const uint4*>(d0) + q;
 #pragma unroll
-        for (int m0 = 0; m0 < 32; m0 += 16) {
-          uint4 v[16];
-#pragma unroll
-          for (int m = 0; m < 16; ++m) v[m] = d != nullptr ? __ldg(src + 2 * (m0 + m)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-          for (int m = 0; m < 16; ++m) *reinterpret_cast<uint4*>(kb + 256 * (m0 + m)) = v[m];
+        for (int m = 0; m < 16; ++m) v[m] = d0 != nullptr ? __ldg(src0 + 4 * m) : make_uint4(0, 0, 0, 0);
+        if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
+        TL(64 + (j & 7), ptid == 0);
+        if (q == 0) {
+          vld[st * 64 + r0] = d0 != nullptr ? 1 : 0;
+          vld[st * 64 + r0 + 8] = d1 != nullptr ? 1 : 0;
         }
+#pragma unroll
+        for (int m = 0; m < 16; ++m) *reinterpret_cast<uint4*>(kr0 + 128 * q + 512 * m) = v[m];
+        const uint4* src1 = reinterpret_cast<const uint4*>(d1) + q;
+#pragma unroll
+        for (int m = 0; m < 16; ++m) v[m] = d1 != nullptr ? __ldg(src1 + 4 * m) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int m = 0; m < 16; ++m) *reinterpret_cast<uint4*>(kr1 + 128 * q + 512 * m) = v[m];
       }
+      TL(72 + (j & 7), ptid == 0);
       fence_proxy_async();
+      TL(30 + (j & 7), ptid == 0);
       bar_arrive(kBarFull0 + st, kWsThreads);
-      slot_cur = slot_nxt;
-      slot_nxt = slot_n2;
-      slot_n2 = slot_n3;
+      l2_prefetch(t + 2, sl2);
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        sl0[rr] = sl1[rr];
+        sl1[rr] = sl2[rr];
+        sl2[rr] = sl3[rr];
+      }
     }
     // The producer never rejoins the consumers' code (its register budget is smaller): it takes
     // part in the cluster merge's barriers here and leaves.
@@ -634,25 +721,20 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   {
     // ================================ consumers ================================
     setmaxnreg_inc<kWsConsumerRegs>();
-#pragma unroll
-    for (int e = 0; e < 128; ++e) o[e] = 0.f;
     if (n > 0) {
-      // Q -> canonical layout: consumer warp cw loads heads 8*cw + lane%8, chunks lane/8 + 4i.
-      const int h = warp * 8 + (lane & 7);
-      const std::uint16_t* qrow = p.q + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim;
-      // Plain loads + st.shared (no cp.async: every shared-memory write of this kernel is then an
-      // ordinary store, which compute-sanitizer racecheck orders across the cluster barriers).
-      uint4 qv[16];
+      TLDEP(51, tid == 0, qv[15].w);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) qv[i] = __ldg(reinterpret_cast<const uint4*>(qrow + ((lane >> 3) + 4 * i) * 8));
-#pragma unroll
-      for (int i = 0; i < 16; ++i) *reinterpret_cast<uint4*>(Qs + blk16(h, (lane >> 3) + 4 * i)) = qv[i];
+      for (int i = 0; i < 16; ++i) *reinterpret_cast<uint4*>(Qs + blk16(qh, (lane >> 3) + 4 * i)) = qv[i];
       fence_proxy_async();
       bar_sync(kBarP, kWsConsumers);
+      TL(5, tid == 0);
     }
+#pragma unroll
+    for (int e = 0; e < 128; ++e) o[e] = 0.f;
     for (int j = 0; j < n; ++j) {
       const int st = j & 1;
       bar_sync(kBarFull0 + st, kWsThreads);
+      TL(6 + (j & 7), tid == 0);
       const std::uint8_t* Kt = Ks + st * kWgKBytes;
       const int* vt = vld + st * 64;
 
@@ -666,13 +748,16 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+#ifndef GRAPHSAFE_DS4_TL_NO_S  // diagnostics build only: time the tile loop without S
           wgmma_m64n32k16(sacc, q_desc, k_desc, kk > 0 ? 1 : 0);
+#endif
           q_desc = launder(q_desc + 16);
           k_desc = launder(k_desc + 16);
         }
         wgmma_commit();
         wgmma_wait<0>();
       }
+      TL(14 + (j & 7), tid == 0);
       const int sr = c * 32;
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -731,10 +816,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < kTileRows / 16; ++ks)
+#ifndef GRAPHSAFE_DS4_TL_NO_PV  // diagnostics build only: time the tile loop without PV
           wgmma_m64n256k16_tb(o, p_desc + ks * 16, v_desc + ks * ((2 * kWgRowSbo) >> 4), 1);
+#endif
         wgmma_commit();
         wgmma_wait<0>();
       }
+      TL(22 + (j & 7), tid == 0);
       if (j + 2 < n) bar_arrive(kBarEmpty0 + st, kWsThreads);  // the producer refills this stage
     }
 #pragma unroll
@@ -745,6 +833,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       if ((lane & 3) == 0) lsum[c * 64 + hrow[jj]] = lj;
     }
     bar_sync(kBarMax, kWsConsumers);
+    TL(46, tid == 0);
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) l[jj] = lsum[hrow[jj]] + lsum[64 + hrow[jj]];
   }
@@ -753,10 +842,17 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     // Split-K merge inside the cluster (the splits of one (request, head group); launch() uses a
     // cluster only for 2 or 4 splits). Heads are dealt to ranks by consumer warp (2 ranks: warps
     // 0-1 / 2-3 of each consumer warpgroup; 4 ranks: one warp each). After barrier A (every rank
-    // is done with its Q / K area, which becomes the receive area) each thread pushes its O and
-    // (m, l) into the owner's shared memory (remote stores: no round trips), barrier B, then the
-    // owners merge from local shared memory, ranks in split order (combine_splits_kernel's
-    // arithmetic). No global scratch, no second kernel.
+    // is done with its Q / K area, which becomes the receive area) each thread stores its O and
+    // (m, l) into slot `rank` of the owner's receive area (remote stores: no round trips; the
+    // owner's own threads store locally), barrier B, then all 256 consumer threads of each rank
+    // merge its heads from local shared memory, ranks in split order (combine_splits_kernel's
+    // arithmetic), into a bf16 stage written out with 16-byte coalesced stores. No global
+    // scratch, no second kernel.
+    // Why this shape: the previous merge kept the owner's O in registers, so only the owner
+    // threads merged and every step selected between a register and a received value for each
+    // of up to 4 ranks -- ~1,900 instructions per warp, run once and cold in the instruction
+    // cache, 5.0 us of a 35 us layer (timeline build, GRAPHSAFE_DS4_TIMELINE). With every
+    // rank's O in shared memory the merge is a short rolled loop over all consumer threads.
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = static_cast<int>(cluster.block_rank());
     const int nr = static_cast<int>(cluster.num_blocks());
@@ -764,76 +860,103 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     const int owner = w4 / per;
     const int nthr = kWsConsumers / nr;                              // threads per owner
     const int li = c * (per * 32) + (w4 % per) * 32 + lane;           // index among them
-    float4* recv = reinterpret_cast<float4*>(smem);                  // [nr-1][32][nthr]: <= 96 KB
-    float* mlr = reinterpret_cast<float*>(smem + 160 * 1024);        // [nr][64][2]
-    std::uint8_t* stage = smem + 96 * 1024;                          // owner's output: <= 32 x 1040 B
+    const int heads = 64 / nr;                                       // heads per owner
+    float4* recv = reinterpret_cast<float4*>(smem);                  // [nr][32][nthr]: 128 KB
+    float* mlr = reinterpret_cast<float*>(smem + 128 * 1024);        // [nr][64][2]
+    std::uint8_t* stage = smem + 132 * 1024;                         // [heads][1040 B]: <= 33 KB
+    static_assert(132 * 1024 + 32 * kWsOutStride <= kWsSmemBytes, "cluster merge areas exceed the smem");
+    // Thread tid will merge float4 column lm = tid % nthr of this rank's slots, rows e = tid / nthr +
+    // 256 / nthr * k: the values pushed by the threads with index lm, i.e. heads g[0], g[1] and
+    // dims d, d + 1 (o[]'s mapping for warp mw of a warpgroup mc). The sinks are loaded now, so
+    // their latency is spent in the barriers.
+    const int lm = tid % nthr, e0 = tid / nthr, estep = kWsConsumers / nthr;
+    const int mc = lm / (per * 32), mw = rank * per + (lm / 32) % per, ml = lm % 32;
+    const int g[2] = {16 * mw + (ml >> 2), 16 * mw + (ml >> 2) + 8};
+    const int d = mc * 256 + 2 * (ml & 3);
+    float sink_l2[2] = {-INFINITY, -INFINITY};
+    if (p.sink != nullptr) {
+      sink_l2[0] = p.sink[head0 + g[0]] * kLog2e;
+      sink_l2[1] = p.sink[head0 + g[1]] * kLog2e;
+    }
     cluster.sync();  // A
-    if (owner != rank) {
-      float4* dst = cluster.map_shared_rank(recv, owner) + (rank < owner ? rank : rank - 1) * 32 * nthr + li;
+    TL(47, tid == 0);
+    {
+      float4* dst = (owner == rank ? recv : cluster.map_shared_rank(recv, owner)) + rank * 32 * nthr + li;
 #pragma unroll
       for (int e = 0; e < 32; ++e) dst[e * nthr] = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
     }
     if (c == 0 && (lane & 3) == 0) {
-      float* dml = cluster.map_shared_rank(mlr, owner) + rank * 128;
+      float* dml = (owner == rank ? mlr : cluster.map_shared_rank(mlr, owner)) + rank * 128;
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) { dml[hrow[jj] * 2] = m[jj]; dml[hrow[jj] * 2 + 1] = l[jj]; }
     }
-    cluster.sync();  // B: the pushes landed
-    if (owner == rank) {
-      float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.f, 0.f}, w[4][2];
+    cluster.sync();  // B: every slot landed
+    TL(48, tid == 0);
+    float wr[4][2], inv[2];
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      float M = -INFINITY, L = 0.f;
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        if (r < nr && mlr[r * 128 + g[jj] * 2 + 1] > 0.f) M = fmaxf(M, mlr[r * 128 + g[jj] * 2]);
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        if (r >= nr) break;
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
-          if (mlr[r * 128 + hrow[jj] * 2 + 1] > 0.f) M[jj] = fmaxf(M[jj], mlr[r * 128 + hrow[jj] * 2]);
+        const float lr = r < nr ? mlr[r * 128 + g[jj] * 2 + 1] : 0.f;
+        wr[r][jj] = lr > 0.f ? exp2f(mlr[r * 128 + g[jj] * 2] - M) : 0.f;
+        if (lr > 0.f) L = __fmaf_rn(lr, wr[r][jj], L);
       }
+      inv[jj] = 0.f;
+      if (L > 0.f) inv[jj] = 1.f / (L + exp2f(sink_l2[jj] - M));  // no sink: exp2(-inf) = 0
+    }
+    TLDEP(52, tid == 0, __float_as_uint(inv[1]));
+    // Stage row stride 1040 B: the 8 heads of a warp's 4-byte stores fall in distinct banks.
+    std::uint8_t* s0 = stage + (g[0] - rank * heads) * kWsOutStride + d * 2;
+    std::uint8_t* s1 = stage + (g[1] - rank * heads) * kWsOutStride + d * 2;
+    // 32 / nr rows e per thread (16 or 8), in batches of 4: all loads of a batch are issued
+    // before its first use (the stage stores would otherwise keep the compiler from hoisting the
+    // next row's loads above them: one shared-memory latency per row, 1.5 us in the timeline).
+    for (int e = e0; e < 32; e += 4 * estep) {
+      float4 v[4][4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        if (r >= nr) break;
+      for (int k = 0; k < 4; ++k)
 #pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const float lr = mlr[r * 128 + hrow[jj] * 2 + 1];
-          w[r][jj] = lr > 0.f ? exp2f(mlr[r * 128 + hrow[jj] * 2] - M[jj]) : 0.f;
-          if (lr > 0.f) L[jj] = __fmaf_rn(lr, w[r][jj], L[jj]);
-        }
-      }
-      // acc = sum over ranks in order of O_r * w_r, element by element so it overwrites o in place.
+        for (int r = 0; r < 4; ++r)
+          if (r < nr) v[k][r] = recv[(r * 32 + e + k * estep) * nthr + lm];
 #pragma unroll
-      for (int e = 0; e < 32; ++e) {
+      for (int k = 0; k < 4; ++k) {
+        // acc = sum over ranks in order of O_r * w_r; a rank with l = 0 has w = 0 and O = 0, so
+        // its fma leaves acc unchanged (bitwise: acc starts at +0), as the combine kernel's
+        // skipped term does.
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           if (r >= nr) break;
-          const float4 v = r == rank ? make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3])
-                                     : recv[((r < rank ? r : r - 1) * 32 + e) * nthr + li];
-          if (w[r][0] > 0.f) { a.x = __fmaf_rn(v.x, w[r][0], a.x); a.y = __fmaf_rn(v.y, w[r][0], a.y); }
-          if (w[r][1] > 0.f) { a.z = __fmaf_rn(v.z, w[r][1], a.z); a.w = __fmaf_rn(v.w, w[r][1], a.w); }
+          a.x = __fmaf_rn(v[k][r].x, wr[r][0], a.x);
+          a.y = __fmaf_rn(v[k][r].y, wr[r][0], a.y);
+          a.z = __fmaf_rn(v[k][r].z, wr[r][1], a.z);
+          a.w = __fmaf_rn(v[k][r].w, wr[r][1], a.w);
         }
-        o[4 * e] = a.x; o[4 * e + 1] = a.y; o[4 * e + 2] = a.z; o[4 * e + 3] = a.w;
+        const int ek = e + k * estep;
+        *reinterpret_cast<std::uint32_t*>(s0 + ek * 16) = pack_bf16x2(a.x * inv[0], a.y * inv[0]);
+        *reinterpret_cast<std::uint32_t*>(s1 + ek * 16) = pack_bf16x2(a.z * inv[1], a.w * inv[1]);
       }
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        const int h = hrow[jj];
-        float inv = 0.f;
-        if (L[jj] > 0.f) inv = 1.f / (L[jj] + (p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - M[jj]) : 0.f));
-        // Staged in shared memory at 96 KB (past the receive area, below mlr at 160 KB; nothing
-        // else writes there after barrier A), row stride 1040 B so the 8 heads of a warp's 4-byte
-        // stores fall in distinct banks.
-        std::uint8_t* srow = stage + (h - owner * (64 / nr)) * kWsOutStride + (c * 256 + qc) * 2;
-#pragma unroll
-        for (int nb = 0; nb < 32; ++nb)
-          *reinterpret_cast<std::uint32_t*>(srow + nb * 16) = pack_bf16x2(o[4 * nb + 2 * jj] * inv, o[4 * nb + 2 * jj + 1] * inv);
-      }
-      // The owner's heads [owner * 64 / nr, +64 / nr) are one contiguous block of the output: 16-byte
-      // coalesced stores (the direct 4-byte stores were a quarter of the epilogue's stall samples,
-      // ncu "LG throttle"). Why not direct: each warp store touched 8 heads x 16 bytes.
-      bar_sync(kBarOut, nthr);
-      const int heads = 64 / nr;
-      uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + owner * heads) * kHeadDim);
-      for (int i = li; i < heads * kHeadDim / 8; i += nthr)
-        gout[i] = *reinterpret_cast<const uint4*>(stage + (i >> 6) * kWsOutStride + (i & 63) * 16);
     }
+    TL(53, tid == 0);
+    // This rank's heads [rank * heads, +heads) are one contiguous block of the output: 16-byte
+    // coalesced stores (direct 4-byte stores touched 8 heads x 16 bytes per warp store; ncu showed
+    // them as a quarter of the epilogue's stalls, "LG throttle").
+    bar_sync(kBarOut, kWsConsumers);
+    TL(54, tid == 0);
+    uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + rank * heads) * kHeadDim);
+#pragma unroll 4
+    for (int i = tid; i < heads * kHeadDim / 8; i += kWsConsumers)
+      gout[i] = *reinterpret_cast<const uint4*>(stage + (i >> 6) * kWsOutStride + (i & 63) * 16);
+#ifdef GRAPHSAFE_DS4_TIMELINE
+    if (tid == 0 && tl_rec < 8192) {
+      g_tl[tl_rec * kTlSlots + 49] = tl_clock();
+      g_tl[tl_rec * kTlSlots + 1] = tl_gtime();
+    }
+#endif
     return;
   }
 
@@ -1098,4 +1221,20 @@ void sparse_attention_workspace(const WorkspaceAttentionArgs& a, cudaStream_t st
   launch<false>(kp, a.c, stream, "sparse_attention_kernel<workspace>");
 }
 
+#ifdef GRAPHSAFE_DS4_TIMELINE
+// Diagnostics (see TL above): clears the records / copies them out ([count][64] clock64 stamps).
+void timeline_reset() {
+  const unsigned zero = 0;
+  detail::check_cuda(cudaMemcpyToSymbol(g_tl_count, &zero, sizeof zero), "timeline reset");
+}
+std::vector<unsigned long long> timeline_read() {
+  unsigned count = 0;
+  detail::check_cuda(cudaMemcpyFromSymbol(&count, g_tl_count, sizeof count), "timeline count");
+  count = std::min(count, 8192u);
+  std::vector<unsigned long long> v(static_cast<std::size_t>(count) * kTlSlots);
+  if (count > 0)
+    detail::check_cuda(cudaMemcpyFromSymbol(v.data(), g_tl, v.size() * sizeof(unsigned long long)), "timeline read");
+  return v;
+}
+#endif
 }  // namespace graphsafe::ds4::cuda
