@@ -198,6 +198,11 @@ void print_timeline(const std::vector<unsigned long long>& v, int grid, double c
         if (r[56 + j] != 0) d[tag + "f3 producer landed -> stores done"].push_back(us(r[56 + j], r[72 + j]));
         d[tag + "f4 producer fence.proxy.async"].push_back(us(r[72 + j], r[30 + j]));
         if (j > 0) d[tag + "g3 producer FULL(j-1) arrive -> loads issued + EMPTY ok"].push_back(us(r[30 + j - 1], r[64 + j]));
+        if (j < 4) {
+          d[tag + "e1 consumer S done -> MAX bar passed"].push_back(us(r[14 + j], r[88 + j]));
+          d[tag + "e2 consumer MAX bar -> P bar passed (exp2, P, rescale)"].push_back(us(r[88 + j], r[92 + j]));
+          d[tag + "e3 consumer P bar -> PV done"].push_back(us(r[92 + j], r[22 + j]));
+        }
         d[tag + "h consumer waits FULL (arrive -> acquired)"].push_back(us(r[30 + j], r[6 + j]));
       }
       d[tag + "a1 entry -> Q landed"].push_back(us(r[2], r[51]));

@@ -486,6 +486,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   // canonical layout once the consumers own their registers. Plain loads + st.shared, no cp.async:
   // every shared-memory write of this kernel is an ordinary store, which compute-sanitizer
   // racecheck orders across the cluster barriers.
+  // Programmatic dependent launch (launch() sets the attribute): this grid may start while the
+  // previous kernel of the stream is still running; every global read below waits for it to finish
+  // and flush here. Then the next kernel may be launched: its CTAs take the SMs ours free and run
+  // up to their own wait, which hides the launch gap between back-to-back kernels (~1 us). Both are
+  // no-ops without the attribute.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int qh = warp * 8 + (lane & 7);
   uint4 qv[16];
   if (tid < kWsConsumers) {
@@ -779,6 +786,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         red[c * 64 + hrow[1]] = mx[1];
       }
       bar_sync(kBarMax, kWsConsumers);
+      TL(88 + (j & 3), tid == 0 && j < 4);
 
       float alpha[2];
 #pragma unroll
@@ -809,6 +817,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       }
       fence_proxy_async();
       bar_sync(kBarP, kWsConsumers);  // both halves of P written
+      TL(92 + (j & 3), tid == 0 && j < 4);
 
       {
         const std::uint64_t v_desc = launder(wgmma_desc(Kt + c * 32 * 128, kWgRowSbo, 128));
@@ -892,6 +901,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     }
     cluster.sync();  // B: every slot landed
     TL(48, tid == 0);
+#ifdef GRAPHSAFE_DS4_TL_MERGE2  // diagnostics: run the merge twice, time the second (warm) pass
+    for (int pass = 0; pass < 2; ++pass) {
+#endif
     float wr[4][2], inv[2];
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
@@ -942,6 +954,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       }
     }
     TL(53, tid == 0);
+#ifdef GRAPHSAFE_DS4_TL_MERGE2
+    }
+#endif
     // This rank's heads [rank * heads, +heads) are one contiguous block of the output: 16-byte
     // coalesced stores (direct 4-byte stores touched 8 heads x 16 bytes per warp store; ncu showed
     // them as a quarter of the epilogue's stalls, "LG throttle").
@@ -1043,6 +1058,16 @@ bool use_ws() {
   return env_ok && m == 9;
 }
 
+// Programmatic dependent launch of the ws kernel (default on; GRAPHSAFE_DS4_PDL=0 turns it off,
+// e.g. to measure what it hides): see griddepcontrol in the kernel.
+bool use_pdl() {
+  static const bool v = [] {
+    const char* e = std::getenv("GRAPHSAFE_DS4_PDL");
+    return !(e != nullptr && std::string(e) == "0");
+  }();
+  return v;
+}
+
 bool& cluster_refused() {
   static bool v = false;
   return v;
@@ -1110,21 +1135,24 @@ void launch(KParams& kp, const AttentionCommon& c, cudaStream_t stream, const ch
     // The ws kernel merges in a cluster for 2 or 4 splits (heads dealt evenly to the ranks). Other
     // split counts: scratch + combine kernel.
     const bool cluster_ok = c.splits == 2 || c.splits == 4;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = static_cast<unsigned>(c.splits);
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
+    const int pdl = use_pdl() ? 1 : 0;
+    cfg.attrs = attr + 1 - pdl;
     if (cluster_ok && use_cluster()) {
       // The splits of one (request, head group) form a cluster and merge over DSMEM (no scratch
       // traffic, no second kernel). If the device refuses the cluster shape, fall back for good.
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = grid;
-      cfg.blockDim = dim3(threads);
-      cfg.dynamicSmemBytes = smem;
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = static_cast<unsigned>(c.splits);
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
+      cfg.numAttrs = 1 + pdl;
       kp.cluster = 1;
       const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, kp);
       if (err == cudaSuccess) {
@@ -1135,7 +1163,9 @@ void launch(KParams& kp, const AttentionCommon& c, cudaStream_t stream, const ch
       cluster_refused() = true;
       kp.cluster = 0;
     }
-    kernel<<<grid, threads, smem, stream>>>(kp);
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl;
+    check_cuda(cudaLaunchKernelEx(&cfg, kernel, kp), name);
   } else {
     sparse_attention_kernel<kPaged><<<grid, kThreads, smem_bytes<kPaged>(), stream>>>(kp);
   }
