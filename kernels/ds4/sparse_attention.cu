@@ -29,11 +29,17 @@
 // same order they produce bitwise identical output (checked by the tests and the benchmark).
 //
 // Measured on one H200 (bench/ds4_attention_bench.cu, B=64, H=64, 43 layers, graph replay; see
-// docs/benchmarks.md and bench/results/ds4_ws_ncu_h200.txt): ws C4 34.6 us/layer, C128 32.2, C1 17.1
-// -- 4.3-5.7x the physical bound, ~30x faster than the PyTorch baseline. The consumers wait on the
-// producer warpgroup for about half of the tile loop; the producer's time goes to instruction fetch
-// and its row loads. Next: a swizzled K tile (4 L1 wavefronts per row load instead of 16), bulk async
-// copies of the raw rows dequantized by a separate warp group.
+// docs/benchmarks.md): ws C4 ~30 us/layer, C128 ~29, C1 ~15 -- 3.8-5.1x the physical bound, ~35x
+// faster than the PyTorch baseline. Where the time goes (timeline build, -DGRAPHSAFE_DS4_TIMELINE;
+// bench/results/ds4_ws_timeline_h200.txt): per 64-row tile ~3.2 us, bound by the consumers
+// (S 0.9 us -- shared-memory bound: both warpgroups re-read Q with N = 32 -- then 1.1 us of max
+// exchange, exp2 and P through shared memory with two 256-thread barriers, then PV 0.7 us) with
+// the producer close behind (~2 us to load, dequantize and store a tile); ~2.6 us before the first
+// tile (queries and the first rows come from HBM) and ~5 us of split merge after the last
+// (DSMEM push of 64 KB of fp32 partials, 2 us; the merge, 2 us).
+// Tried (compiled, not run): scores for all 64 rows in each consumer warpgroup with P kept in registers
+// (no exchange, no P round trip) needs ~185 registers per consumer thread; ptxas (13.0) allocates
+// the launch bound's 168 for the whole kernel whatever setmaxnreg grants, and spills 250 bytes.
 
 #include <graphsafe/ds4/kernels.hpp>
 
