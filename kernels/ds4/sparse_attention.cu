@@ -39,7 +39,8 @@
 // (DSMEM push of 64 KB of fp32 partials, 2 us; the merge, 2 us).
 // Tried (compiled, not run): scores for all 64 rows in each consumer warpgroup with P kept in registers
 // (no exchange, no P round trip) needs ~185 registers per consumer thread; ptxas (13.0) allocates
-// the launch bound's 168 for the whole kernel whatever setmaxnreg grants, and spills 250 bytes.
+// the launch bound's 168 for the whole kernel whatever setmaxnreg grants, and spills 250 bytes
+// (256-300 with P through a per-warpgroup shared buffer instead: O and 64-row scores leave 8).
 
 #include <graphsafe/ds4/kernels.hpp>
 
