@@ -148,6 +148,8 @@ void gather_workspace(const GatherArgs& a, cudaStream_t stream);
 // engine merges the splits inside a thread-block cluster and leaves the scratch untouched; it is still
 // required (the fallback path when a cluster launch is refused or GRAPHSAFE_DS4_CLUSTER=0).
 // GRAPHSAFE_DS4_ATTENTION=mma_sync selects the mma.sync tile engine instead of wgmma (both tested).
+// The wgmma engine uses programmatic dependent launch (GRAPHSAFE_DS4_PDL=0 turns it off): it may
+// start before the previous kernel of the stream ends, and waits for it before reading any input.
 int choose_splits(int batch, int heads, int max_rows_per_request, int num_sms);
 std::size_t sparse_attention_scratch_bytes(int batch, int heads, int splits);
 
