@@ -734,22 +734,40 @@ TEST_CASE("combine_gather + gather_workspace: layout, rows and indices", "[ds4][
   }
 }
 
-TEST_CASE("combine_gather: capture-time sizes that cannot hold a grown batch are rejected (the seed bug)",
-          "[ds4][combine]") {
-  std::vector<float> ws(1 << 16);
+TEST_CASE("combine_gather + gather_workspace, both layouts: capture-time sizes that cannot hold a grown batch "
+          "are rejected (the seed bug)",
+          "[ds4][combine][ragged]") {
+  // Both layouts reserve B*M rows and keep n_c(b) <= N and min(L_b, W) <= M - N for every request,
+  // so the same frozen sizes must be refused by both, by the index build and by the gather alike.
+  struct Layout {
+    const char* name;
+    void (*combine)(const ds4::DecodeProblem&, int, int, std::int32_t*, std::int32_t*);
+    void (*gather)(const ds4::DecodeProblem&, int, int, float*);
+  };
+  const Layout layouts[] = {{"strided", ref::combine_gather, ref::gather_workspace},
+                            {"ragged", ref::combine_gather_ragged, ref::gather_workspace_ragged}};
+  std::vector<float> ws(2 * 132 * 512);  // B * M * 512 at the largest sizes below
   std::vector<std::int32_t> idx(1024), len(2);
   // SPEC.md 4.3 worked example, W = 4: sizes frozen at seq_lens [3,5], replayed longer.
-  ds4::DecodeProblem c4 = ds4::make_problem(tiny(4), {15, 17}, 1);           // captured N = 1, M = 5
-  CHECK_THROWS_WITH(ref::combine_gather(c4, 1, 5, idx.data(), len.data()), Contains("n_c = 3") && Contains("N = 1"));
-  CHECK_THROWS_AS(ref::gather_workspace(c4, 1, 5, ws.data()), std::invalid_argument);
-  ds4::DecodeProblem c128 = ds4::make_problem(tiny(128), {255, 257}, 1);     // captured N = 0, M = 4
-  CHECK_THROWS_WITH(ref::gather_workspace(c128, 0, 4, ws.data()), Contains("n_c = 1") && Contains("N = 0"));
-  ds4::DecodeProblem c1 = ds4::make_problem(tiny(1), {3, 5}, 1);             // dummy capture L = 1: G = 1
-  CHECK_THROWS_WITH(ref::combine_gather(c1, 0, 1, idx.data(), len.data()), Contains("swa_len = 3") && Contains("M - N = 1"));
-  // The capacity sizes of SPEC.md 4.4 hold them.
-  CHECK_NOTHROW(ref::combine_gather(c4, 128, 132, idx.data(), len.data()));
-  CHECK_NOTHROW(ref::gather_workspace(c128, 4, 8, ws.data()));
-  CHECK_NOTHROW(ref::combine_gather(c1, 0, 4, idx.data(), len.data()));
+  const ds4::DecodeProblem c4 = ds4::make_problem(tiny(4), {15, 17}, 1);        // captured N = 1, M = 5
+  const ds4::DecodeProblem c128 = ds4::make_problem(tiny(128), {255, 257}, 1);  // captured N = 0, M = 4
+  const ds4::DecodeProblem c1 = ds4::make_problem(tiny(1), {3, 5}, 1);          // dummy capture L = 1: G = 1
+  for (const Layout& lay : layouts) {
+    INFO("layout " << lay.name);
+    CHECK_THROWS_WITH(lay.combine(c4, 1, 5, idx.data(), len.data()), Contains("n_c = 3") && Contains("N = 1"));
+    CHECK_THROWS_WITH(lay.gather(c4, 1, 5, ws.data()), Contains("n_c = 3") && Contains("N = 1"));
+    CHECK_THROWS_WITH(lay.combine(c128, 0, 4, idx.data(), len.data()), Contains("n_c = 1") && Contains("N = 0"));
+    CHECK_THROWS_WITH(lay.gather(c128, 0, 4, ws.data()), Contains("n_c = 1") && Contains("N = 0"));
+    CHECK_THROWS_WITH(lay.combine(c1, 0, 1, idx.data(), len.data()), Contains("swa_len = 3") && Contains("M - N = 1"));
+    CHECK_THROWS_WITH(lay.gather(c1, 0, 1, ws.data()), Contains("swa_len = 3") && Contains("M - N = 1"));
+    // The capacity sizes of SPEC.md 4.4 hold them.
+    CHECK_NOTHROW(lay.combine(c4, 128, 132, idx.data(), len.data()));
+    CHECK_NOTHROW(lay.gather(c4, 128, 132, ws.data()));
+    CHECK_NOTHROW(lay.combine(c128, 4, 8, idx.data(), len.data()));
+    CHECK_NOTHROW(lay.gather(c128, 4, 8, ws.data()));
+    CHECK_NOTHROW(lay.combine(c1, 0, 4, idx.data(), len.data()));
+    CHECK_NOTHROW(lay.gather(c1, 0, 4, ws.data()));
+  }
 }
 
 TEST_CASE("ragged gather layout: the strided layout's rows packed request after request, same order",
@@ -825,19 +843,6 @@ TEST_CASE("ragged gather layout: the strided layout's rows packed request after 
   CHECK(idx[256] == -1);
   CHECK_THROWS_WITH(ref::ragged_row0(h, 5), Contains("b = 5") && Contains("batch = 4"));
   CHECK_THROWS_WITH(ref::ragged_row0(h, -1), Contains("b = -1"));
-}
-
-TEST_CASE("ragged gather layout: the same capture-time sizes are rejected as with the strided one",
-          "[ds4][combine][ragged]") {
-  std::vector<float> ws(1 << 16);
-  std::vector<std::int32_t> idx(1024), len(2);
-  ds4::DecodeProblem c4 = ds4::make_problem(tiny(4), {15, 17}, 1);  // captured N = 1, M = 5
-  CHECK_THROWS_WITH(ref::combine_gather_ragged(c4, 1, 5, idx.data(), len.data()), Contains("n_c = 3") && Contains("N = 1"));
-  CHECK_THROWS_AS(ref::gather_workspace_ragged(c4, 1, 5, ws.data()), std::invalid_argument);
-  ds4::DecodeProblem c1 = ds4::make_problem(tiny(1), {3, 5}, 1);  // G = 1
-  CHECK_THROWS_WITH(ref::gather_workspace_ragged(c1, 0, 1, ws.data()), Contains("swa_len = 3") && Contains("M - N = 1"));
-  CHECK_NOTHROW(ref::combine_gather_ragged(c4, 128, 132, idx.data(), len.data()));
-  CHECK_NOTHROW(ref::gather_workspace_ragged(c1, 0, 4, ws.data()));
 }
 
 // ============================================ attention ==========================================
