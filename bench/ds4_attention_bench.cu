@@ -11,6 +11,7 @@
 // max(bytes / copy BW, FLOPs / GEMM rate) with bytes = attended KV rows * 584 + q + out.
 // Prints a table; --json PATH writes records {name, value, unit, baseline_name, baseline_value,
 // ratio, machine, command}.
+#include <graphsafe/ds4/detail/timeline.hpp>
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/layout.hpp>
 
@@ -33,12 +34,7 @@
 
 namespace ds4 = graphsafe::ds4;
 namespace gk = graphsafe::ds4::cuda;
-#ifdef GRAPHSAFE_DS4_TIMELINE
-namespace graphsafe::ds4::cuda {
-void timeline_reset();
-std::vector<unsigned long long> timeline_read();
-}
-#endif
+namespace tl = graphsafe::ds4::cuda::timeline;
 
 #define CK(x)                                                                                    \
   do {                                                                                           \
@@ -150,14 +146,15 @@ struct Record {
 };
 
 #ifdef GRAPHSAFE_DS4_TIMELINE
-// Breakdown of one graph replay of the sweep from the kernel's clock64 stamps (sparse_attention.cu,
-// TL slots): medians over the CTAs of the layers 2 .. L-2, in microseconds at the SM clock.
+// Breakdown of one graph replay of the sweep from the kernel's clock64 stamps (record layout:
+// graphsafe/ds4/detail/timeline.hpp): medians over the CTAs of the layers 2 .. L-2, in
+// microseconds at the SM clock.
 void print_timeline(const std::vector<unsigned long long>& v, int grid, double clock_ghz) {
-  constexpr int S = 96;
+  constexpr int S = tl::kSlots;
   const std::size_t count = v.size() / S;
   std::vector<std::size_t> order(count);
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return v[a * S] < v[b * S]; });
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return v[a * S + tl::gtime_entry] < v[b * S + tl::gtime_entry]; });
   const std::size_t layers = count / grid;
   std::printf("timeline: %zu CTA records, %zu layers of %d CTAs, SM clock %.2f GHz\n", count, layers, grid, clock_ghz);
   std::vector<double> span, gap, start_skew;
@@ -167,56 +164,56 @@ void print_timeline(const std::vector<unsigned long long>& v, int grid, double c
     unsigned long long g0 = ~0ull, g0max = 0, g1 = 0;
     for (int k = 0; k < grid; ++k) {
       const unsigned long long* r = &v[order[l * grid + k] * S];
-      g0 = std::min(g0, r[0]);
-      g0max = std::max(g0max, r[0]);
-      g1 = std::max(g1, r[1]);
+      g0 = std::min(g0, r[tl::gtime_entry]);
+      g0max = std::max(g0max, r[tl::gtime_entry]);
+      g1 = std::max(g1, r[tl::gtime_exit]);
     }
     span.push_back((g1 - g0) / 1e3);
     start_skew.push_back((g0max - g0) / 1e3);
     if (l + 1 < layers) {
       unsigned long long n0 = ~0ull;
-      for (int k = 0; k < grid; ++k) n0 = std::min(n0, v[order[(l + 1) * grid + k] * S]);
+      for (int k = 0; k < grid; ++k) n0 = std::min(n0, v[order[(l + 1) * grid + k] * S + tl::gtime_entry]);
       gap.push_back((double(n0) - double(g1)) / 1e3);
     }
     if (l < 2 || l + 2 >= layers) continue;
     for (int k = 0; k < grid; ++k) {
       const unsigned long long* r = &v[order[l * grid + k] * S];
-      const int n = static_cast<int>(r[4]);
-      if (n <= 0 || r[49] == 0) continue;
+      const int n = static_cast<int>(r[tl::tiles]);
+      if (n <= 0 || r[tl::clock_exit] == 0) continue;
       const std::string tag = "n=" + std::to_string(n) + " ";
-      d[tag + "a entry -> Q ready"].push_back(us(r[2], r[5]));
-      d[tag + "b entry -> first FULL"].push_back(us(r[2], r[6]));
+      d[tag + "a entry -> Q ready"].push_back(us(r[tl::clock_entry], r[tl::q_ready]));
+      d[tag + "b entry -> first FULL"].push_back(us(r[tl::clock_entry], r[tl::full]));
       for (int j = 0; j < n && j < 8; ++j) {
-        if (j > 0) d[tag + "c FULL(j-1) -> FULL(j)"].push_back(us(r[6 + j - 1], r[6 + j]));
-        d[tag + "d consumer S (FULL -> S done)"].push_back(us(r[6 + j], r[14 + j]));
-        d[tag + "e consumer softmax+PV (S done -> PV done)"].push_back(us(r[14 + j], r[22 + j]));
-        d[tag + "f producer fill (loads start -> FULL arrive)"].push_back(us(r[38 + j], r[30 + j]));
-        if (j > 0) d[tag + "g producer loads start after consumer FULL(j-1)"].push_back(us(r[6 + j - 1], r[38 + j]));
-        if (j > 0) d[tag + "g2 producer FULL(j-1) arrive -> loads start"].push_back(us(r[30 + j - 1], r[38 + j]));
-        if (r[56 + j] != 0) d[tag + "f1 producer loads start -> landed"].push_back(us(r[38 + j], r[56 + j]));
-        if (r[56 + j] != 0) d[tag + "f2 producer landed -> FULL arrive"].push_back(us(r[56 + j], r[30 + j]));
-        if (r[56 + j] != 0) d[tag + "f3 producer landed -> stores done"].push_back(us(r[56 + j], r[72 + j]));
-        d[tag + "f4 producer fence.proxy.async"].push_back(us(r[72 + j], r[30 + j]));
-        if (j > 0) d[tag + "g3 producer FULL(j-1) arrive -> loads issued + EMPTY ok"].push_back(us(r[30 + j - 1], r[64 + j]));
+        if (j > 0) d[tag + "c FULL(j-1) -> FULL(j)"].push_back(us(r[tl::full + j - 1], r[tl::full + j]));
+        d[tag + "d consumer S (FULL -> S done)"].push_back(us(r[tl::full + j], r[tl::s_done + j]));
+        d[tag + "e consumer softmax+PV (S done -> PV done)"].push_back(us(r[tl::s_done + j], r[tl::pv_done + j]));
+        d[tag + "f producer fill (loads start -> FULL arrive)"].push_back(us(r[tl::p_loads_start + j], r[tl::p_full_arrive + j]));
+        if (j > 0) d[tag + "g producer loads start after consumer FULL(j-1)"].push_back(us(r[tl::full + j - 1], r[tl::p_loads_start + j]));
+        if (j > 0) d[tag + "g2 producer FULL(j-1) arrive -> loads start"].push_back(us(r[tl::p_full_arrive + j - 1], r[tl::p_loads_start + j]));
+        if (r[tl::p_loads_issued + j] != 0) d[tag + "f1 producer loads start -> all issued"].push_back(us(r[tl::p_loads_start + j], r[tl::p_loads_issued + j]));
+        if (r[tl::p_loads_issued + j] != 0) d[tag + "f2 producer loads issued -> FULL arrive"].push_back(us(r[tl::p_loads_issued + j], r[tl::p_full_arrive + j]));
+        if (r[tl::p_loads_issued + j] != 0) d[tag + "f3 producer loads issued -> stores done (L2 latency inside)"].push_back(us(r[tl::p_loads_issued + j], r[tl::p_stores_done + j]));
+        d[tag + "f4 producer fence.proxy.async"].push_back(us(r[tl::p_stores_done + j], r[tl::p_full_arrive + j]));
+        if (j > 0) d[tag + "g3 producer FULL(j-1) arrive -> loads issued + EMPTY ok"].push_back(us(r[tl::p_full_arrive + j - 1], r[tl::p_empty_ok + j]));
         if (j < 4) {
-          d[tag + "e1 consumer S done -> MAX bar passed"].push_back(us(r[14 + j], r[88 + j]));
-          d[tag + "e2 consumer MAX bar -> P bar passed (exp2, P, rescale)"].push_back(us(r[88 + j], r[92 + j]));
-          d[tag + "e3 consumer P bar -> PV done"].push_back(us(r[92 + j], r[22 + j]));
+          d[tag + "e1 consumer S done -> MAX bar passed"].push_back(us(r[tl::s_done + j], r[tl::c_max_bar + j]));
+          d[tag + "e2 consumer MAX bar -> P bar passed (exp2, P, rescale)"].push_back(us(r[tl::c_max_bar + j], r[tl::c_pv_start + j]));
+          d[tag + "e3 consumer P bar -> PV done"].push_back(us(r[tl::c_pv_start + j], r[tl::pv_done + j]));
         }
-        d[tag + "h consumer waits FULL (arrive -> acquired)"].push_back(us(r[30 + j], r[6 + j]));
+        d[tag + "h consumer waits FULL (arrive -> acquired)"].push_back(us(r[tl::p_full_arrive + j], r[tl::full + j]));
       }
-      d[tag + "a1 entry -> Q landed"].push_back(us(r[2], r[51]));
-      if (r[52] != 0) {
-        d[tag + "l1 B -> merge weights"].push_back(us(r[48], r[52]));
-        d[tag + "l2 merge weights -> merged O"].push_back(us(r[52], r[53]));
-        d[tag + "l3 merged O -> staged (bar)"].push_back(us(r[53], r[54]));
-        d[tag + "l4 staged -> stores issued"].push_back(us(r[54], r[49]));
+      d[tag + "a1 entry -> Q stores start"].push_back(us(r[tl::clock_entry], r[tl::q_landed]));
+      if (r[tl::merge_weights] != 0) {
+        d[tag + "l1 B -> merge weights"].push_back(us(r[tl::cluster_b], r[tl::merge_weights]));
+        d[tag + "l2 merge weights -> merged O"].push_back(us(r[tl::merge_weights], r[tl::merged]));
+        d[tag + "l3 merged O -> staged (bar)"].push_back(us(r[tl::merged], r[tl::staged]));
+        d[tag + "l4 staged -> stores issued"].push_back(us(r[tl::staged], r[tl::clock_exit]));
       }
-      d[tag + "i last PV -> loop end"].push_back(us(r[22 + std::min(n, 8) - 1], r[46]));
-      d[tag + "j loop end -> cluster A"].push_back(us(r[46], r[47]));
-      d[tag + "k cluster A -> B (push)"].push_back(us(r[47], r[48]));
-      d[tag + "l cluster B -> exit (merge, store)"].push_back(us(r[48], r[49]));
-      d[tag + "m entry -> exit"].push_back(us(r[2], r[49]));
+      d[tag + "i last PV -> loop end"].push_back(us(r[tl::pv_done + std::min(n, 8) - 1], r[tl::loop_end]));
+      d[tag + "j loop end -> cluster A"].push_back(us(r[tl::loop_end], r[tl::cluster_a]));
+      d[tag + "k cluster A -> B (push)"].push_back(us(r[tl::cluster_a], r[tl::cluster_b]));
+      d[tag + "l cluster B -> exit (merge, store)"].push_back(us(r[tl::cluster_b], r[tl::clock_exit]));
+      d[tag + "m entry -> exit"].push_back(us(r[tl::clock_entry], r[tl::clock_exit]));
     }
   }
   auto med = [](std::vector<double> x) {
@@ -497,13 +494,13 @@ int main(int argc, char** argv) {
 #ifdef GRAPHSAFE_DS4_TIMELINE
     {
       CK(cudaStreamSynchronize(st));
-      gk::timeline_reset();
+      tl::timeline_reset();
       CK(cudaGraphLaunch(g_paged, st));
       CK(cudaStreamSynchronize(st));
       int khz = 0;
       CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
       std::printf("%s paged-direct, ", ratio == 1 ? "C1" : (ratio == 4 ? "C4" : "C128"));
-      print_timeline(gk::timeline_read(), B * (H / 64) * gk::choose_splits(B, H, cw + W, gk::device_sm_count()), khz / 1e6);
+      print_timeline(tl::timeline_read(), B * (H / 64) * gk::choose_splits(B, H, cw + W, gk::device_sm_count()), khz / 1e6);
     }
 #endif
 

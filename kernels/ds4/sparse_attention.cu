@@ -42,6 +42,7 @@
 // the launch bound's 168 for the whole kernel whatever setmaxnreg grants, and spills 250 bytes
 // (256-300 with P through a per-warpgroup shared buffer instead: O and 64-row scores leave 8).
 
+#include <graphsafe/ds4/detail/timeline.hpp>
 #include <graphsafe/ds4/kernels.hpp>
 
 #include "cuda_support.cuh"
@@ -442,11 +443,14 @@ __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.ar
 
 // Diagnostics only (a build with -DGRAPHSAFE_DS4_TIMELINE; bench/ds4_attention_bench prints the
 // breakdown): per CTA, clock64 stamps at the phase edges of the ws kernel, so the per-layer time can
-// be split into launch gap, prologue, per-tile producer / consumer time and merge. Compiled out
-// otherwise (TL(...) expands to nothing).
+// be split into launch gap, prologue, per-tile producer / consumer time and merge. The record
+// layout is graphsafe/ds4/detail/timeline.hpp. Compiled out otherwise (TL(...) expands to nothing).
+// TLDEP names a register the stamp follows in program order; it does not make the stamp wait for
+// that register's load to land.
+namespace tl = timeline;
 #ifdef GRAPHSAFE_DS4_TIMELINE
-constexpr int kTlSlots = 96;
-__device__ unsigned long long g_tl[kTlSlots * 8192];
+constexpr int kTlSlots = tl::kSlots;
+__device__ unsigned long long g_tl[kTlSlots * tl::kMaxRecords];
 __device__ unsigned int g_tl_count;
 __device__ __forceinline__ unsigned long long tl_clock() { return clock64(); }
 __device__ __forceinline__ unsigned long long tl_gtime() {
@@ -454,7 +458,7 @@ __device__ __forceinline__ unsigned long long tl_gtime() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-#define TL(slot, cond) do { if ((cond) && tl_rec < 8192) g_tl[tl_rec * kTlSlots + (slot)] = tl_clock(); } while (0)
+#define TL(slot, cond) do { if ((cond) && tl_rec < tl::kMaxRecords) g_tl[tl_rec * kTlSlots + (slot)] = tl_clock(); } while (0)
 #define TLDEP(slot, cond, reg) do { asm volatile("" ::"r"(reg) : "memory"); TL(slot, cond); } while (0)
 #else
 #define TL(slot, cond) do { } while (0)
@@ -487,12 +491,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   const int split = blockIdx.x, b = blockIdx.y, head0 = blockIdx.z * kGroupHeads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-  // Queries first (consumer threads): their loads do not depend on the lengths, so they overlap
-  // the length and index loads instead of following them (timeline: ~0.7 us of the prologue).
-  // Consumer warp cw loads heads 8 cw + lane % 8, 16-byte chunks lane / 8 + 4 i; stored into the
-  // canonical layout once the consumers own their registers. Plain loads + st.shared, no cp.async:
-  // every shared-memory write of this kernel is an ordinary store, which compute-sanitizer
-  // racecheck orders across the cluster barriers.
   // Programmatic dependent launch (launch() sets the attribute): this grid may start while the
   // previous kernel of the stream is still running; every global read below waits for it to finish
   // and flush here. Then the next kernel may be launched: its CTAs take the SMs ours free and run
@@ -500,6 +498,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   // no-ops without the attribute.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  // Queries first (consumer threads): their loads do not depend on the lengths, so they overlap
+  // the length and index loads instead of following them (timeline: ~0.7 us of the prologue).
+  // Consumer warp cw loads heads 8 cw + lane % 8, 16-byte chunks lane / 8 + 4 i; stored into the
+  // canonical layout once the consumers own their registers. Plain loads + st.shared, no cp.async:
+  // every shared-memory write of this kernel is an ordinary store, which compute-sanitizer
+  // racecheck orders across the cluster barriers.
   const int qh = warp * 8 + (lane & 7);
   uint4 qv[16];
   if (tid < kWsConsumers) {
@@ -514,11 +518,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     tl_shared = atomicAdd(&g_tl_count, 1u);
-    if (tl_shared < 8192) {
+    if (tl_shared < tl::kMaxRecords) {
       unsigned long long* r = g_tl + tl_shared * kTlSlots;
-      r[0] = tl_g0;
-      r[2] = tl_t0;
-      r[3] = (static_cast<unsigned long long>(sm) << 32) | (blockIdx.x | (blockIdx.y << 8) | (blockIdx.z << 24));
+      r[tl::gtime_entry] = tl_g0;
+      r[tl::clock_entry] = tl_t0;
+      r[tl::cta_id] = (static_cast<unsigned long long>(sm) << 32) | (blockIdx.x | (blockIdx.y << 8) | (blockIdx.z << 24));
     }
   }
   __syncthreads();
@@ -536,7 +540,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   const int t_begin = split * tps, t_end = min(ntiles, t_begin + tps);
   const int n = max(0, t_end - t_begin);
 #ifdef GRAPHSAFE_DS4_TIMELINE
-  if (tid == 0 && tl_rec < 8192) g_tl[tl_rec * kTlSlots + 4] = n;
+  if (tid == 0 && tl_rec < tl::kMaxRecords) g_tl[tl_rec * kTlSlots + tl::tiles] = n;
 #endif
   const long long part = (static_cast<long long>(b) * p.splits + split) * p.H + head0;
 
@@ -637,7 +641,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       std::uint8_t* kt = Ks + st * kWgKBytes;
       std::uint8_t* kr0 = kt + (r0 >> 3) * kWgRowSbo + (r0 & 7) * 16;  // + 128 kc: bf16 chunk kc of row r0
       std::uint8_t* kr1 = kr0 + kWgRowSbo;                             // row r0 + 8
-      TL(38 + (j & 7), ptid == 0);
+      TL(tl::p_loads_start + (j & 7), ptid == 0);
       if constexpr (kPaged) {
         // fp8 chunk c = q + 4m (m < 7): scale byte m, bf16 chunks 2c, 2c + 1 -> kr + 256 q + 1024 m
         // (+ 128). Rope chunk c = 28 + q + 4m' (m' < 2): bf16 chunk 56 + q + 4m' -> kr + 7168 +
@@ -658,12 +662,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
           }
         }
         if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
-        TL(64 + (j & 7), ptid == 0);
+        TL(tl::p_empty_ok + (j & 7), ptid == 0);
         if (q == 0) {
           vld[st * 64 + r0] = d0 != nullptr ? 1 : 0;
           vld[st * 64 + r0 + 8] = d1 != nullptr ? 1 : 0;
         }
-        TLDEP(56 + (j & 7), ptid == 0, w[0][8].w);
+        TLDEP(tl::p_loads_issued + (j & 7), ptid == 0, w[0][8].w);
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           std::uint8_t* kf = (rr == 0 ? kr0 : kr1) + 256 * q;
@@ -699,7 +703,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
 #pragma unroll
         for (int m = 0; m < 16; ++m) v[m] = d0 != nullptr ? __ldg(src0 + 4 * m) : make_uint4(0, 0, 0, 0);
         if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
-        TL(64 + (j & 7), ptid == 0);
+        TL(tl::p_empty_ok + (j & 7), ptid == 0);
         if (q == 0) {
           vld[st * 64 + r0] = d0 != nullptr ? 1 : 0;
           vld[st * 64 + r0 + 8] = d1 != nullptr ? 1 : 0;
@@ -712,9 +716,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
 #pragma unroll
         for (int m = 0; m < 16; ++m) *reinterpret_cast<uint4*>(kr1 + 128 * q + 512 * m) = v[m];
       }
-      TL(72 + (j & 7), ptid == 0);
+      TL(tl::p_stores_done + (j & 7), ptid == 0);
       fence_proxy_async();
-      TL(30 + (j & 7), ptid == 0);
+      TL(tl::p_full_arrive + (j & 7), ptid == 0);
       bar_arrive(kBarFull0 + st, kWsThreads);
       l2_prefetch(t + 2, sl2);
 #pragma unroll
@@ -736,19 +740,19 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     // ================================ consumers ================================
     setmaxnreg_inc<kWsConsumerRegs>();
     if (n > 0) {
-      TLDEP(51, tid == 0, qv[15].w);
+      TLDEP(tl::q_landed, tid == 0, qv[15].w);
 #pragma unroll
       for (int i = 0; i < 16; ++i) *reinterpret_cast<uint4*>(Qs + blk16(qh, (lane >> 3) + 4 * i)) = qv[i];
       fence_proxy_async();
       bar_sync(kBarP, kWsConsumers);
-      TL(5, tid == 0);
+      TL(tl::q_ready, tid == 0);
     }
 #pragma unroll
     for (int e = 0; e < 128; ++e) o[e] = 0.f;
     for (int j = 0; j < n; ++j) {
       const int st = j & 1;
       bar_sync(kBarFull0 + st, kWsThreads);
-      TL(6 + (j & 7), tid == 0);
+      TL(tl::full + (j & 7), tid == 0);
       const std::uint8_t* Kt = Ks + st * kWgKBytes;
       const int* vt = vld + st * 64;
 
@@ -771,7 +775,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         wgmma_commit();
         wgmma_wait<0>();
       }
-      TL(14 + (j & 7), tid == 0);
+      TL(tl::s_done + (j & 7), tid == 0);
       const int sr = c * 32;
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -793,7 +797,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         red[c * 64 + hrow[1]] = mx[1];
       }
       bar_sync(kBarMax, kWsConsumers);
-      TL(88 + (j & 3), tid == 0 && j < 4);
+      TL(tl::c_max_bar + (j & 3), tid == 0 && j < 4);
 
       float alpha[2];
 #pragma unroll
@@ -824,7 +828,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       }
       fence_proxy_async();
       bar_sync(kBarP, kWsConsumers);  // both halves of P written
-      TL(92 + (j & 3), tid == 0 && j < 4);
+      TL(tl::c_pv_start + (j & 3), tid == 0 && j < 4);
 
       {
         const std::uint64_t v_desc = launder(wgmma_desc(Kt + c * 32 * 128, kWgRowSbo, 128));
@@ -838,7 +842,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         wgmma_commit();
         wgmma_wait<0>();
       }
-      TL(22 + (j & 7), tid == 0);
+      TL(tl::pv_done + (j & 7), tid == 0);
       if (j + 2 < n) bar_arrive(kBarEmpty0 + st, kWsThreads);  // the producer refills this stage
     }
 #pragma unroll
@@ -849,7 +853,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       if ((lane & 3) == 0) lsum[c * 64 + hrow[jj]] = lj;
     }
     bar_sync(kBarMax, kWsConsumers);
-    TL(46, tid == 0);
+    TL(tl::loop_end, tid == 0);
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) l[jj] = lsum[hrow[jj]] + lsum[64 + hrow[jj]];
   }
@@ -895,7 +899,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       sink_l2[1] = p.sink[head0 + g[1]] * kLog2e;
     }
     cluster.sync();  // A
-    TL(47, tid == 0);
+    TL(tl::cluster_a, tid == 0);
     {
       float4* dst = (owner == rank ? recv : cluster.map_shared_rank(recv, owner)) + rank * 32 * nthr + li;
 #pragma unroll
@@ -907,7 +911,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       for (int jj = 0; jj < 2; ++jj) { dml[hrow[jj] * 2] = m[jj]; dml[hrow[jj] * 2 + 1] = l[jj]; }
     }
     cluster.sync();  // B: every slot landed
-    TL(48, tid == 0);
+    TL(tl::cluster_b, tid == 0);
 #ifdef GRAPHSAFE_DS4_TL_MERGE2  // diagnostics: run the merge twice, time the second (warm) pass
     for (int pass = 0; pass < 2; ++pass) {
 #endif
@@ -927,7 +931,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       inv[jj] = 0.f;
       if (L > 0.f) inv[jj] = 1.f / (L + exp2f(sink_l2[jj] - M));  // no sink: exp2(-inf) = 0
     }
-    TLDEP(52, tid == 0, __float_as_uint(inv[1]));
+    TLDEP(tl::merge_weights, tid == 0, __float_as_uint(inv[1]));
     // Stage row stride 1040 B: the 8 heads of a warp's 4-byte stores fall in distinct banks.
     std::uint8_t* s0 = stage + (g[0] - rank * heads) * kWsOutStride + d * 2;
     std::uint8_t* s1 = stage + (g[1] - rank * heads) * kWsOutStride + d * 2;
@@ -960,7 +964,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         *reinterpret_cast<std::uint32_t*>(s1 + ek * 16) = pack_bf16x2(a.z * inv[1], a.w * inv[1]);
       }
     }
-    TL(53, tid == 0);
+    TL(tl::merged, tid == 0);
 #ifdef GRAPHSAFE_DS4_TL_MERGE2
     }
 #endif
@@ -968,15 +972,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     // coalesced stores (direct 4-byte stores touched 8 heads x 16 bytes per warp store; ncu showed
     // them as a quarter of the epilogue's stalls, "LG throttle").
     bar_sync(kBarOut, kWsConsumers);
-    TL(54, tid == 0);
+    TL(tl::staged, tid == 0);
     uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + rank * heads) * kHeadDim);
 #pragma unroll 4
     for (int i = tid; i < heads * kHeadDim / 8; i += kWsConsumers)
       gout[i] = *reinterpret_cast<const uint4*>(stage + (i >> 6) * kWsOutStride + (i & 63) * 16);
 #ifdef GRAPHSAFE_DS4_TIMELINE
-    if (tid == 0 && tl_rec < 8192) {
-      g_tl[tl_rec * kTlSlots + 49] = tl_clock();
-      g_tl[tl_rec * kTlSlots + 1] = tl_gtime();
+    if (tid == 0 && tl_rec < tl::kMaxRecords) {
+      g_tl[tl_rec * kTlSlots + tl::clock_exit] = tl_clock();
+      g_tl[tl_rec * kTlSlots + tl::gtime_exit] = tl_gtime();
     }
 #endif
     return;
@@ -1259,15 +1263,15 @@ void sparse_attention_workspace(const WorkspaceAttentionArgs& a, cudaStream_t st
 }
 
 #ifdef GRAPHSAFE_DS4_TIMELINE
-// Diagnostics (see TL above): clears the records / copies them out ([count][64] clock64 stamps).
-void timeline_reset() {
+// Diagnostics (see TL above and detail/timeline.hpp).
+void timeline::timeline_reset() {
   const unsigned zero = 0;
   detail::check_cuda(cudaMemcpyToSymbol(g_tl_count, &zero, sizeof zero), "timeline reset");
 }
-std::vector<unsigned long long> timeline_read() {
+std::vector<unsigned long long> timeline::timeline_read() {
   unsigned count = 0;
   detail::check_cuda(cudaMemcpyFromSymbol(&count, g_tl_count, sizeof count), "timeline count");
-  count = std::min(count, 8192u);
+  count = std::min(count, static_cast<unsigned>(tl::kMaxRecords));
   std::vector<unsigned long long> v(static_cast<std::size_t>(count) * kTlSlots);
   if (count > 0)
     detail::check_cuda(cudaMemcpyFromSymbol(v.data(), g_tl, v.size() * sizeof(unsigned long long)), "timeline read");
