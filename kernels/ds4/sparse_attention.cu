@@ -4,14 +4,15 @@
 // bf16) in shared memory and streams the request's attended rows in tiles of 64 rows (bf16 in shared
 // memory), computing per tile
 //     S = Q K^T   (64 heads x 64 rows, k = 512)
-//     online softmax per head (row max exchanged through shared memory, base-2 exponentials)
+//     online softmax per head (base-2 exponentials)
 //     O += P V    (64 heads x 512 dims, k = 64 rows), V = K (all 512 dims)
 // bf16 operands, fp32 accumulation, bf16 P, fp32 (m, l) per head, bf16 output.
 //
 // Two tile engines with the same numerics, chosen by GRAPHSAFE_DS4_ATTENTION (once per process):
 //  * ws (default, sm_90a): warp-specialized, 384 threads -- a producer warpgroup gathers and
-//    dequantizes the rows into a double-buffered bf16 tile, two consumer warpgroups run S (wgmma
-//    m64n32k16, 32 tile rows each) and PV (wgmma m64n256k16, 256 dims each). See the kernel.
+//    dequantizes the rows into a double-buffered bf16 tile, two consumer warpgroups each run S over
+//    half of the 512 dims (wgmma m64n64k16), exchange the partial scores, and run PV for 256 dims
+//    (wgmma m64n256k16, P from registers). See the kernel.
 //  * mma_sync: m16n8k16 + ldmatrix; warp w computes S for heads 16*(w%4).., rows 16*(w/4).. and O
 //    for heads 32*(w/8).., dims 64*(w%8)... SASS: HMMA. Runs on GPUs without sm_90a (and is tested
 //    on the H200 through GRAPHSAFE_DS4_ATTENTION=mma_sync: ctest test_ds4_kernels_mma_sync).
@@ -29,18 +30,14 @@
 // same order they produce bitwise identical output (checked by the tests and the benchmark).
 //
 // Measured on one H200 (bench/ds4_attention_bench.cu, B=64, H=64, 43 layers, graph replay; see
-// docs/benchmarks.md): ws C4 ~30 us/layer, C128 ~29, C1 ~15 -- 3.8-5.1x the physical bound, ~35x
-// faster than the PyTorch baseline. Where the time goes (timeline build, -DGRAPHSAFE_DS4_TIMELINE;
-// bench/results/ds4_ws_timeline_h200.txt): per 64-row tile ~3.2 us, bound by the consumers
-// (S 0.9 us -- shared-memory bound: both warpgroups re-read Q with N = 32 -- then 1.1 us of max
-// exchange, exp2 and P through shared memory with two 256-thread barriers, then PV 0.7 us) with
-// the producer close behind (~2 us to load, dequantize and store a tile); ~2.6 us before the first
-// tile (queries and the first rows come from HBM) and ~5 us of split merge after the last
-// (DSMEM push of 64 KB of fp32 partials, 2 us; the merge, 2 us).
-// Tried (compiled, not run): scores for all 64 rows in each consumer warpgroup with P kept in registers
-// (no exchange, no P round trip) needs ~185 registers per consumer thread; ptxas (13.0) allocates
-// the launch bound's 168 for the whole kernel whatever setmaxnreg grants, and spills 250 bytes
-// (256-300 with P through a per-warpgroup shared buffer instead: O and 64-row scores leave 8).
+// docs/benchmarks.md): ws C4 ~28.5 us/layer, C128 ~27, C1 ~14 -- 3.5-4.8x the physical bound,
+// ~25x faster than the PyTorch baseline. Where the time goes (timeline build,
+// -DGRAPHSAFE_DS4_TIMELINE; bench/results/ds4_ws_timeline_h200.txt): per 64-row tile ~3.3 us, set
+// by the producer (~1.9 us to load, dequantize and store a tile, ~1.1 us from one tile's FULL to
+// the next tile's loads: L2 prefetch and row addressing) with the consumers close behind (S 1.1 us,
+// exchange + softmax 1.2 us, PV 0.6 us); ~2.6 us before the first tile (queries and the first rows
+// come from HBM) and ~5 us of split merge after the last (DSMEM push of 64 KB of fp32 partials,
+// 2 us; the merge, 2 us).
 
 #include <graphsafe/ds4/detail/timeline.hpp>
 #include <graphsafe/ds4/kernels.hpp>
@@ -397,9 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(const KPa
 // tile is read K-major for S = Q K^T and MN-major for O += P V.
 constexpr int kWgQBytes = kGroupHeads * kHeadDim * 2;  // 65536
 constexpr int kWgKBytes = kTileRows * kHeadDim * 2;    // 65536
-constexpr int kWgPBytes = kGroupHeads * kTileRows * 2; // 8192
 constexpr int kWgRowSbo = (kHeadDim / 8) * 128;        // 8192: next 8 rows of Q / K
-constexpr int kWgPSbo = (kTileRows / 8) * 128;         // 1024: next 8 heads of P
 
 __device__ __forceinline__ int blk16(int r, int kc) {  // byte offset of 16-byte chunk kc of row r
   return (r >> 3) * kWgRowSbo + kc * 128 + (r & 7) * 16;
@@ -409,34 +404,45 @@ __device__ __forceinline__ int blk16(int r, int kc) {  // byte offset of 16-byte
 // Warp-specialized wgmma variant (default on sm_90a). 384 threads = 3 warpgroups:
 //   warpgroup 2 (producer) gathers the tile's rows (fp8 data + scales, or bf16 workspace rows),
 //     dequantizes them into a double-buffered bf16 K tile and signals FULL[stage];
-//   warpgroups 0 and 1 (consumers) each compute S for 32 of the tile's 64 rows
-//     (32 x wgmma m64n32k16: A = Q, B = K rows 32c.., both K-major), exchange the per-head row max,
-//     write their half of P, then each computes O[:, 256c .. 256c+255] += P V over all 64 rows
-//     (4 x wgmma m64n256k16, B = the K tile read MN-major) and releases the stage (EMPTY[stage]).
+//   warpgroups 0 and 1 (consumers): warpgroup c computes the partial scores of all 64 rows over
+//     dims [256c, 256c + 256) (16 x wgmma m64n64k16: A = Q, B = K, both K-major), the two
+//     partials meet in shared memory (own + other: both warpgroups then hold bitwise the same S),
+//     both run the same online softmax, and each computes O[:, 256c .. 256c+255] += P V over all
+//     64 rows (4 x wgmma m64n256k16, A = P from registers, B = the K tile read MN-major) and
+//     releases the stage (EMPTY[stage]).
+//   Why this split (session 5; it replaced S split by rows, 32 rows per warpgroup): with N = 32 each
+//   warpgroup re-read all of Q for S (shared-memory bound), the row max and P then crossed shared
+//   memory behind two 256-thread barriers. Split by dims, Q and K are each read once, one barrier
+//   exchanges 16 KB of fp32 partials per warpgroup, and P never leaves registers. The softmax's
+//   exp2 runs twice (once per warpgroup): 32 per thread instead of 16.
 // Loading and dequantizing tile t+1 thus overlaps the tensor-core work of tile t, and the
 // consumers synchronize only with each other (named barriers of 256 threads), never with a
 // block-wide barrier inside the loop. Same numerics as above (bf16 operands, fp32 accumulation,
-// bf16 P, base-2 online softmax); the split merge has the same arithmetic in split order.
+// bf16 P, base-2 online softmax) except S's summation order (two 256-dim halves, then their sum);
+// the split merge has the same arithmetic in split order.
 constexpr int kWsThreads = 384;
 constexpr int kWsConsumers = 256;
 // Registers per thread after setmaxnreg: the CTA holds 384 x 168; the producer gives back what the
-// consumers (O = 128 fp32 accumulators each) take: 128 x (168 - P) = 256 x (C - 168). Note: ptxas
-// allocates one register count for the whole kernel (168 here, the launch bound's share) whatever
-// setmaxnreg grants later, so the consumers' code must fit 168 -- and 4 warpgroups (128 each) cannot
-// hold the consumers' 154+ (tried: ptxas C7602).
+// consumers (O = 128 fp32 accumulators, 32 scores, 16 P registers) take: 128 x (168 - P) =
+// 256 x (C - 168). ptxas allocates each region's code within the count its setmaxnreg grants
+// (checked: a 200-float live set after setmaxnreg.inc 240 compiles without spills at 168 for the
+// kernel), so C = 200 leaves the producer 104 -- enough for its 18 loads in flight (72 registers)
+// without spills. (Session 4's notes blamed ptxas for spills that came from C = 176.)
 #ifndef GRAPHSAFE_WS_CONSUMER_REGS
-#define GRAPHSAFE_WS_CONSUMER_REGS 176
+#define GRAPHSAFE_WS_CONSUMER_REGS 200
 #endif
 constexpr int kWsConsumerRegs = GRAPHSAFE_WS_CONSUMER_REGS;
 constexpr int kWsProducerRegs = 168 - 2 * (kWsConsumerRegs - 168);
 static_assert(kWsProducerRegs >= 24 && kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0, "setmaxnreg counts");
-constexpr int kWsMiscBytes = (2 + 2) * 64 * 4 + 2 * 64 * 4;  // red, lsum, vld
-constexpr int kWsSmemBytes = kWgQBytes + 2 * kWgKBytes + kWgPBytes + kWsMiscBytes;
+constexpr int kWsXBytes = 2 * kGroupHeads * kTileRows * 4;  // 32768: the two partial S, fp32
+constexpr int kWsMiscBytes = 2 * 64 * 4;                      // vld
+constexpr int kWsSmemBytes = kWgQBytes + 2 * kWgKBytes + kWsXBytes + kWsMiscBytes;
 static_assert(kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem over the sm_90 limit");
 
 // Named barriers (0 is __syncthreads): FULL[s] producer -> consumers, EMPTY[s] consumers ->
-// producer, MAX / PREADY among the consumers, OUT among the consumers of a cluster merge.
-enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarMax = 5, kBarP = 6, kBarOut = 8 };
+// producer, X (partial scores written) and X_FREE[c] (warpgroup c's partial read) among the
+// consumers, OUT among the consumers of a cluster merge.
+enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarX = 5, kBarXFree0 = 6, kBarOut = 8 };
 constexpr int kWsOutStride = kHeadDim * 2 + 16;  // bytes per head row of the staged output
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
@@ -483,10 +489,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   extern __shared__ __align__(128) std::uint8_t smem[];
   std::uint8_t* Qs = smem;
   std::uint8_t* Ks = smem + kWgQBytes;  // [2][64 rows x 512] bf16, canonical layout
-  std::uint8_t* Ps = Ks + 2 * kWgKBytes;
-  float* red = reinterpret_cast<float*>(Ps + kWgPBytes);  // [2][64] row max per consumer
-  float* lsum = red + 2 * 64;                             // [2][64] row sums per consumer
-  int* vld = reinterpret_cast<int*>(lsum + 2 * 64);       // [2 stages][64]
+  float4* Xs = reinterpret_cast<float4*>(Ks + 2 * kWgKBytes);         // [2 warpgroups][8][128 threads]
+  int* vld = reinterpret_cast<int*>(Ks + 2 * kWgKBytes + kWsXBytes);  // [2 stages][64]
 
   const int split = blockIdx.x, b = blockIdx.y, head0 = blockIdx.z * kGroupHeads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -580,15 +584,16 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     // memory, are their destination), so that wait overlaps their latency.
     const int q = (ptid >> 3) & 3;
     const int r0 = 16 * (ptid >> 5) + (ptid & 7);
-    auto fetch_slot = [&](int t, int row) -> long long {  // slot of a row of tile t; -1: no row
+    auto fetch_slot = [&](int t, int row) -> int {  // slot of a row of tile t; -1: no row
       const int i = t * kTileRows + row;
-      if (t >= t_end || i >= T) return -1;
+      const std::int32_t* src;
       if constexpr (kPaged) {
-        return i < n_cmp ? p.cmp_idx[static_cast<long long>(b) * p.cmp_width + i]
-                         : p.swa_idx[static_cast<long long>(b) * p.swa_width + (i - n_cmp)];
+        src = i < n_cmp ? p.cmp_idx + (static_cast<long long>(b) * p.cmp_width + i)
+                        : p.swa_idx + (static_cast<long long>(b) * p.swa_width + (i - n_cmp));
       } else {
-        return p.idx[static_cast<long long>(b) * p.width + i];
+        src = p.idx + (static_cast<long long>(b) * p.width + i);
       }
+      return ld_nc_or(src, t < t_end && i < T, -1);
     };
     // Data and scale addresses of a row of tile t (null: invalid row -> zeros).
     auto row_ptrs = [&](int t, int row, long long slot, const std::uint8_t*& d, const std::uint8_t*& sc) {
@@ -596,13 +601,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       sc = nullptr;
       if constexpr (kPaged) {
         const CacheView& cv = t * kTileRows + row < n_cmp ? p.cmp : p.swa;
-        if (slot >= 0 && cv.valid(slot)) { d = cv.data(slot); sc = cv.scales(slot); }
+        if (slot >= 0 && cv.valid(slot)) cv.locate(slot, d, sc);
       } else {
         if (slot >= 0 && slot < p.ws_rows) d = reinterpret_cast<const std::uint8_t*>(p.ws + slot * kHeadDim);
       }
     };
     // L2 prefetch of this thread's quarter of its two rows (the 4 threads of a row split its lines).
-    auto l2_prefetch = [&](int t, const long long* slot) {
+    auto l2_prefetch = [&](int t, const int* slot) {
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const std::uint8_t *d, *sc;
@@ -617,23 +622,22 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         }
       }
     };
-    // Slots are fetched three tiles ahead (used two iterations later: the index load's latency is
-    // never waited for), their rows prefetched into L2 two tiles ahead (after the FULL arrive, off
-    // the critical path), so the tile's own loads are L2 hits. Measured with probes earlier:
-    // waiting for the index in the iteration that fetched it cost ~1 us per tile.
-    long long sl0[2], sl1[2], sl2[2];
+    // Slots are fetched two tiles ahead at the top of an iteration and first read by that
+    // iteration's L2 prefetch of their rows, after the FULL arrive (~2 us later, off the critical
+    // path), so the tile's own loads are L2 hits. The index load is one predicated instruction
+    // (ld_nc_or) so that nothing waits for it before that first read.
+    int sl0[2], sl1[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       sl0[rr] = fetch_slot(t_begin, r0 + 8 * rr);
       sl1[rr] = fetch_slot(t_begin + 1, r0 + 8 * rr);
-      sl2[rr] = fetch_slot(t_begin + 2, r0 + 8 * rr);
     }
     l2_prefetch(t_begin + 1, sl1);
     for (int j = 0; j < n; ++j) {
       const int t = t_begin + j, st = j & 1;
-      long long sl3[2];
+      int sl2[2];
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) sl3[rr] = fetch_slot(t + 3, r0 + 8 * rr);
+      for (int rr = 0; rr < 2; ++rr) sl2[rr] = fetch_slot(t + 2, r0 + 8 * rr);
       const std::uint8_t *d0, *d1, *sc0, *sc1;
       row_ptrs(t, r0, sl0[0], d0, sc0);
       row_ptrs(t, r0 + 8, sl0[1], d1, sc1);
@@ -721,11 +725,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       TL(tl::p_full_arrive + (j & 7), ptid == 0);
       bar_arrive(kBarFull0 + st, kWsThreads);
       l2_prefetch(t + 2, sl2);
+      TL(tl::p_prefetched + (j & 7), ptid == 0);
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         sl0[rr] = sl1[rr];
         sl1[rr] = sl2[rr];
-        sl2[rr] = sl3[rr];
       }
     }
     // The producer never rejoins the consumers' code (its register budget is smaller): it takes
@@ -744,30 +748,41 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
 #pragma unroll
       for (int i = 0; i < 16; ++i) *reinterpret_cast<uint4*>(Qs + blk16(qh, (lane >> 3) + 4 * i)) = qv[i];
       fence_proxy_async();
-      bar_sync(kBarP, kWsConsumers);
+      bar_sync(kBarX, kWsConsumers);
       TL(tl::q_ready, tid == 0);
     }
 #pragma unroll
     for (int e = 0; e < 128; ++e) o[e] = 0.f;
+    const int ct = tid & 127;  // thread index within the consumer warpgroup
+    float4* x_own = Xs + c * 8 * 128 + ct;
+    const float4* x_other = Xs + (1 - c) * 8 * 128 + ct;
     for (int j = 0; j < n; ++j) {
       const int st = j & 1;
       bar_sync(kBarFull0 + st, kWsThreads);
       TL(tl::full + (j & 7), tid == 0);
       const std::uint8_t* Kt = Ks + st * kWgKBytes;
-      const int* vt = vld + st * 64;
-
-      float sacc[16];
+      // Valid-row bits of the thread's 16 score columns (8 nb + qc + e1: bit 2 nb + e1), read
+      // before the MMAs so their latency hides behind S.
+      unsigned vmask = 0;
 #pragma unroll
-      for (int e = 0; e < 16; ++e) sacc[e] = 0.f;
+      for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+        for (int e1 = 0; e1 < 2; ++e1) vmask |= (vld[st * 64 + nb * 8 + qc + e1] != 0 ? 1u : 0u) << (2 * nb + e1);
+
+      // S half: dims [256 c, 256 c + 256) of all 64 rows (16 x wgmma m64n64k16, A = Q, B = K rows,
+      // both K-major). The two halves meet in shared memory below.
+      float s[32];
+#pragma unroll
+      for (int e = 0; e < 32; ++e) s[e] = 0.f;
       {
-        // Running descriptors (laundered each step): all 64 precomputed would take 128 registers.
-        std::uint64_t k_desc = wgmma_desc(Kt + c * 4 * kWgRowSbo, 128, kWgRowSbo);
-        std::uint64_t q_desc = wgmma_desc(Qs, 128, kWgRowSbo);
+        // Running descriptors (laundered each step): all 32 precomputed would take 64 registers.
+        std::uint64_t k_desc = wgmma_desc(Kt + c * 32 * 128, 128, kWgRowSbo);
+        std::uint64_t q_desc = wgmma_desc(Qs + c * 32 * 128, 128, kWgRowSbo);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        for (int kk = 0; kk < kHeadDim / 32; ++kk) {
 #ifndef GRAPHSAFE_DS4_TL_NO_S  // diagnostics build only: time the tile loop without S
-          wgmma_m64n32k16(sacc, q_desc, k_desc, kk > 0 ? 1 : 0);
+          wgmma_m64n64k16(s, q_desc, k_desc, kk > 0 ? 1 : 0);
 #endif
           q_desc = launder(q_desc + 16);
           k_desc = launder(k_desc + 16);
@@ -776,49 +791,62 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         wgmma_wait<0>();
       }
       TL(tl::s_done + (j & 7), tid == 0);
-      const int sr = c * 32;
+      // Exchange the partial scores: each thread stores its 32 floats where the same thread of
+      // the other warpgroup reads them (16-byte, conflict-free), then adds own + other. Float
+      // addition is commutative, so both warpgroups hold bitwise the same S and run the same
+      // softmax: no max exchange, and P stays in registers as the A operand of PV.
+      // X_FREE[c]: the other warpgroup has read this warpgroup's previous partial.
+      if (j > 0) bar_sync(kBarXFree0 + c, kWsConsumers);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x_own[i * 128] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
+      bar_sync(kBarX, kWsConsumers);
+      TL(tl::c_x_bar + (j & 3), tid == 0 && j < 4);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float4 v = x_other[i * 128];
+        s[4 * i] += v.x;
+        s[4 * i + 1] += v.y;
+        s[4 * i + 2] += v.z;
+        s[4 * i + 3] += v.w;
+      }
+      if (j + 1 < n) bar_arrive(kBarXFree0 + (1 - c), kWsConsumers);
+
+      // Online softmax over the tile's 64 rows (thread: heads hrow[0] / hrow[1], rows 8 nb + qc, + 1).
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int nb = 0; nb < 4; ++nb)
+      for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int col = sr + nb * 8 + qc + (e & 1);
-          const float sv = vt[col] ? sacc[4 * nb + e] * p.scale_log2 : -INFINITY;
-          sacc[4 * nb + e] = sv;
+          const float sv = (vmask >> (2 * nb + (e & 1))) & 1u ? s[4 * nb + e] * p.scale_log2 : -INFINITY;
+          s[4 * nb + e] = sv;
           mx[e >> 1] = fmaxf(mx[e >> 1], sv);
         }
+      float mu[2], alpha[2];
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
         mx[jj] = fmaxf(mx[jj], __shfl_xor_sync(0xffffffffu, mx[jj], 1));
         mx[jj] = fmaxf(mx[jj], __shfl_xor_sync(0xffffffffu, mx[jj], 2));
-      }
-      if ((lane & 3) == 0) {
-        red[c * 64 + hrow[0]] = mx[0];
-        red[c * 64 + hrow[1]] = mx[1];
-      }
-      bar_sync(kBarMax, kWsConsumers);
-      TL(tl::c_max_bar + (j & 3), tid == 0 && j < 4);
-
-      float alpha[2];
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        const int h = hrow[jj];
-        const float mn = fmaxf(m[jj], fmaxf(red[h], red[64 + h]));
-        const float mu = mn == -INFINITY ? 0.f : mn;
-        alpha[jj] = exp2f(m[jj] - mu);
+        const float mn = fmaxf(m[jj], mx[jj]);
+        mu[jj] = mn == -INFINITY ? 0.f : mn;
+        alpha[jj] = exp2_ftz(m[jj] - mu[jj]);
         l[jj] *= alpha[jj];
         m[jj] = mn;
-        float sum = 0.f;
-#pragma unroll
-        for (int nb = 0; nb < 4; ++nb) {
-          const float p0 = exp2f(sacc[4 * nb + 2 * jj] - mu), p1 = exp2f(sacc[4 * nb + 2 * jj + 1] - mu);
-          sum += p0 + p1;
-          const int r = sr + nb * 8 + qc;  // even
-          *reinterpret_cast<std::uint32_t*>(Ps + (h >> 3) * kWgPSbo + (r >> 3) * 128 + (h & 7) * 16 + (r & 7) * 2) =
-              pack_bf16x2(p0, p1);
-        }
-        l[jj] += sum;
       }
+      // P in the A-operand layout of m64nNk16: k step ks takes rows 16 ks .. 16 ks + 15, i.e. the
+      // accumulator pairs of column blocks 2 ks and 2 ks + 1.
+      std::uint32_t pa[16];
+      float sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+        const float p0 = exp2_ftz(s[4 * nb] - mu[0]), p1 = exp2_ftz(s[4 * nb + 1] - mu[0]);
+        const float p2 = exp2_ftz(s[4 * nb + 2] - mu[1]), p3 = exp2_ftz(s[4 * nb + 3] - mu[1]);
+        sum[0] += p0 + p1;
+        sum[1] += p2 + p3;
+        pa[2 * nb] = pack_bf16x2(p0, p1);
+        pa[2 * nb + 1] = pack_bf16x2(p2, p3);
+      }
+      l[0] += sum[0];
+      l[1] += sum[1];
 #pragma unroll
       for (int nb = 0; nb < 32; ++nb) {
         o[4 * nb + 0] *= alpha[0];
@@ -826,18 +854,18 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         o[4 * nb + 2] *= alpha[1];
         o[4 * nb + 3] *= alpha[1];
       }
-      fence_proxy_async();
-      bar_sync(kBarP, kWsConsumers);  // both halves of P written
       TL(tl::c_pv_start + (j & 3), tid == 0 && j < 4);
 
       {
+        // O[:, 256 c .. 256 c + 255] += P V (4 x wgmma m64n256k16, A = P from registers, B = the
+        // K tile read MN-major).
         const std::uint64_t v_desc = launder(wgmma_desc(Kt + c * 32 * 128, kWgRowSbo, 128));
-        const std::uint64_t p_desc = launder(wgmma_desc(Ps, 128, kWgPSbo));
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < kTileRows / 16; ++ks)
 #ifndef GRAPHSAFE_DS4_TL_NO_PV  // diagnostics build only: time the tile loop without PV
-          wgmma_m64n256k16_tb(o, p_desc + ks * 16, v_desc + ks * ((2 * kWgRowSbo) >> 4), 1);
+          wgmma_m64n256k16_rs_tb(o, pa[4 * ks], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3],
+                                 v_desc + ks * ((2 * kWgRowSbo) >> 4));
 #endif
         wgmma_commit();
         wgmma_wait<0>();
@@ -845,17 +873,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       TL(tl::pv_done + (j & 7), tid == 0);
       if (j + 2 < n) bar_arrive(kBarEmpty0 + st, kWsThreads);  // the producer refills this stage
     }
+    // Both warpgroups hold the same m and l (same S, same softmax): the row sum is a quad sum.
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
-      float lj = l[jj];
-      lj += __shfl_xor_sync(0xffffffffu, lj, 1);
-      lj += __shfl_xor_sync(0xffffffffu, lj, 2);
-      if ((lane & 3) == 0) lsum[c * 64 + hrow[jj]] = lj;
+      l[jj] += __shfl_xor_sync(0xffffffffu, l[jj], 1);
+      l[jj] += __shfl_xor_sync(0xffffffffu, l[jj], 2);
     }
-    bar_sync(kBarMax, kWsConsumers);
     TL(tl::loop_end, tid == 0);
-#pragma unroll
-    for (int jj = 0; jj < 2; ++jj) l[jj] = lsum[hrow[jj]] + lsum[64 + hrow[jj]];
   }
 
   if (p.cluster) {

@@ -33,8 +33,9 @@ enum Slot : int {
                          // them to land; session 4's files call this "landed")
   p_empty_ok = 64,       // producer: stage of tile j free (EMPTY passed)
   p_stores_done = 72,    // producer: dequantized tile j stored
-  c_max_bar = 88,        // consumers: row-max exchange of tile j passed (j < 4)
-  c_pv_start = 92,       // consumers: P barrier of tile j passed, before PV (j < 4)
+  p_prefetched = 80,     // producer: L2 prefetch of tile j + 2 issued (after FULL of tile j)
+  c_x_bar = 88,          // consumers: partial-score exchange barrier of tile j passed (j < 4)
+  c_pv_start = 92,       // consumers: softmax of tile j done, before PV (j < 4)
   kSlots = 96,
 };
 constexpr int kMaxRecords = 8192;
