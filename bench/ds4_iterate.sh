@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# One device call for DS4 attention kernel work (H200): build the attention benchmark in several
+# variants, run the DS4 GPU tests on the default build, time every variant in the same run, and
+# optionally take a timeline or an ncu profile. Everything lands in $OUT; the last lines are a table.
+#
+#   OUT=/tmp/out VARIANTS="base: pdl0:-DSOMETHING" TESTS=1 TL=1 NCU=1 bash bench/ds4_iterate.sh
+#
+# VARIANTS: space-separated name:CUDA_FLAGS (flags comma-separated, e.g. "x:-DA=1,-DB"); the first
+#   is the default build (build/), which also builds the tests when TESTS=1. BENCH_ARGS: extra
+#   arguments of ds4_attention_bench (default "--types c4,c128,c1 --reps 5"). TL=1: a timeline build
+#   (-DGRAPHSAFE_DS4_TIMELINE) of the first variant, C4. NCU=1: ncu of one paged ws launch at C4
+#   (needs ncu on PATH or under the toolkit). SANITIZE=1: memcheck + racecheck on test_ds4_kernels.
+set -u -o pipefail
+: "${OUT:?set OUT}"
+JOBS=${JOBS:-16}
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PATH="$PATH:$CUDA_HOME/bin"
+VARIANTS=${VARIANTS:-base:}
+BENCH_ARGS=${BENCH_ARGS:---types c4,c128,c1 --reps 5}
+T0=$(date +%s)
+say() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
+declare -a TABLE=()
+
+DEB=$(ls .deps/catch2_*.deb 2>/dev/null | head -n 1)
+C2=""
+if [ -n "$DEB" ]; then rm -rf /tmp/c2 && dpkg -x "$DEB" /tmp/c2 && C2=/tmp/c2/usr/lib/cmake/Catch2; fi
+
+build_variant() {  # build_variant <dir> <flags> <tests 0/1>
+  local dir=$1 flags=$2 tests=$3
+  local tflag=OFF
+  [ "$tests" = 1 ] && [ -n "$C2" ] && tflag=ON
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+    -DGRAPHSAFE_BUILD_TESTS=$tflag -DGRAPHSAFE_BUILD_EXAMPLES=OFF -DGRAPHSAFE_BUILD_CUPTI=OFF \
+    ${C2:+-DCatch2_DIR=$C2} "-DCMAKE_CUDA_FLAGS=${flags//,/ }" >"$OUT/cfg.$(basename "$dir").log" 2>&1 || return 1
+  local targets=ds4_attention_bench
+  [ "$tflag" = ON ] && targets="$targets test_ds4_kernels test_ds4_graph test_ds4_dequant"
+  ninja -C "$dir" -j"$JOBS" $targets >"$OUT/build.$(basename "$dir").log" 2>&1
+}
+
+first=1
+for v in $VARIANTS; do
+  name=${v%%:*}
+  flags=${v#*:}
+  dir=build-it-$name
+  [ $first = 1 ] && dir=build
+  say "build $name ($flags)"
+  if build_variant "$dir" "$flags" $([ $first = 1 ] && echo "${TESTS:-0}" || echo 0); then
+    grep -h "spill" "$OUT/build.$(basename "$dir").log" | sort -u | head -5
+  else
+    echo "BUILD FAILED: $name"; grep -m 20 -E "error" "$OUT/build.$(basename "$dir").log"
+    TABLE+=("$name: build failed")
+  fi
+  if [ $first = 1 ] && [ "${TESTS:-0}" = 1 ]; then
+    for t in test_ds4_kernels test_ds4_dequant test_ds4_graph; do
+      say "test $t"
+      timeout 300 "$dir/tests/gpu/$t" >"$OUT/$t.log" 2>&1
+      rc=$?
+      tail -n 3 "$OUT/$t.log"
+      TABLE+=("test $t: rc $rc $(grep -E 'test cases|All tests passed' "$OUT/$t.log" | tail -1)")
+    done
+    if [ "${SANITIZE:-0}" = 1 ]; then
+      for tool in memcheck racecheck; do
+        say "$tool test_ds4_kernels"
+        timeout 400 compute-sanitizer --tool $tool --error-exitcode 99 "$dir/tests/gpu/test_ds4_kernels" >"$OUT/san.$tool.log" 2>&1
+        rc=$?
+        TABLE+=("$tool test_ds4_kernels: rc $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases|All tests passed' "$OUT/san.$tool.log" | tr '\n' ' ')")
+      done
+    fi
+  fi
+  first=0
+done
+
+for v in $VARIANTS; do
+  name=${v%%:*}
+  dir=build-it-$name
+  [ "$v" = "${VARIANTS%% *}" ] && dir=build
+  [ -x "$dir/bench/ds4_attention_bench" ] || continue
+  say "bench $name"
+  timeout 240 "$dir/bench/ds4_attention_bench" $BENCH_ARGS --json "$OUT/bench.$name.json" >"$OUT/bench.$name.log" 2>&1
+  grep -E "^(C4|C128|C1|Pro) " "$OUT/bench.$name.log" | head -12
+  while IFS= read -r line; do TABLE+=("$name | $line"); done < <(grep -E "^(C4|C128|C1) +A " "$OUT/bench.$name.log")
+done
+
+if [ "${TL:-0}" = 1 ]; then
+  v=${VARIANTS%% *}
+  flags=${v#*:}
+  say "timeline build"
+  if build_variant build-tl "$flags,-DGRAPHSAFE_DS4_TIMELINE" 0; then
+    timeout 200 build-tl/bench/ds4_attention_bench --types c4 --reps 3 --layers 43 >"$OUT/timeline.log" 2>&1
+    grep -E "n=5|per layer|^C4" "$OUT/timeline.log"
+  fi
+fi
+
+if [ "${NCU:-0}" = 1 ]; then
+  NCU_BIN=$(command -v ncu || ls -d $CUDA_HOME/nsight-compute*/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU_BIN" ]; then
+    say "ncu ($NCU_BIN)"
+    timeout 300 "$NCU_BIN" --clock-control none -k regex:ws_kernel --launch-skip 8 --launch-count 1 --set full \
+      --import-source yes -o "$OUT/ws_c4" build/bench/ds4_attention_bench --types c4 --layers 12 --reps 1 >"$OUT/ncu_run.log" 2>&1
+    "$NCU_BIN" --import "$OUT/ws_c4.ncu-rep" --page details >"$OUT/ncu_details.txt" 2>&1
+    "$NCU_BIN" --import "$OUT/ws_c4.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_sass.csv" 2>&1
+    gzip -f "$OUT/ncu_sass.csv"
+    grep -E "Duration|Throughput|Pipe|Tensor|Shared|Stall|Issue|Eligible|Active Warps" "$OUT/ncu_details.txt" | head -60
+  else
+    echo "no ncu"
+  fi
+fi
+
+say "done"
+printf '%s\n' "${TABLE[@]}" | tee "$OUT/summary.txt"
+# At most 8 files come back from the device: everything but the JSON and the summary goes into one tarball.
+(cd "$OUT" && find . -maxdepth 1 -type f ! -name '*.json' ! -name summary.txt ! -name logs.tgz -print0 |
+   xargs -0 tar czf logs.tgz && find . -maxdepth 1 -type f ! -name '*.json' ! -name summary.txt ! -name logs.tgz -delete)
