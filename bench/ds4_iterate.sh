@@ -2,6 +2,7 @@
 # One device call for DS4 attention kernel work (H200): build the attention benchmark in several
 # variants, run the DS4 GPU tests on the default build, time every variant in the same run, and
 # optionally take a timeline or an ncu profile. Everything lands in $OUT; the last lines are a table.
+# Exits non-zero if a build, test, sanitizer run or benchmark failed (the table says which).
 #
 #   OUT=/tmp/out VARIANTS="base: pdl0:-DSOMETHING" TESTS=1 TL=1 NCU=1 bash bench/ds4_iterate.sh
 #
@@ -20,6 +21,10 @@ BENCH_ARGS=${BENCH_ARGS:---types c4,c128,c1 --reps 5}
 T0=$(date +%s)
 say() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
 declare -a TABLE=()
+FAILED=0
+fail() { TABLE+=("FAIL $*"); FAILED=1; }
+FIRST=${VARIANTS%% *}
+dir_of() { [ "$1" = "$FIRST" ] && echo build || echo "build-it-${1%%:*}"; }  # dir_of <variant>
 
 DEB=$(ls .deps/catch2_*.deb 2>/dev/null | head -n 1)
 C2=""
@@ -37,26 +42,27 @@ build_variant() {  # build_variant <dir> <flags> <tests 0/1>
   ninja -C "$dir" -j"$JOBS" $targets >"$OUT/build.$(basename "$dir").log" 2>&1
 }
 
-first=1
 for v in $VARIANTS; do
   name=${v%%:*}
   flags=${v#*:}
-  dir=build-it-$name
-  [ $first = 1 ] && dir=build
+  dir=$(dir_of "$v")
+  tests=0
+  [ "$v" = "$FIRST" ] && tests=${TESTS:-0}
   say "build $name ($flags)"
-  if build_variant "$dir" "$flags" $([ $first = 1 ] && echo "${TESTS:-0}" || echo 0); then
+  if build_variant "$dir" "$flags" "$tests"; then
     grep -h "spill" "$OUT/build.$(basename "$dir").log" | sort -u | head -5
   else
     echo "BUILD FAILED: $name"; grep -m 20 -E "error" "$OUT/build.$(basename "$dir").log"
-    TABLE+=("$name: build failed")
+    fail "$name: build (build.$(basename "$dir").log)"
   fi
-  if [ $first = 1 ] && [ "${TESTS:-0}" = 1 ]; then
+  if [ "$tests" = 1 ]; then
     for t in test_ds4_kernels test_ds4_dequant test_ds4_graph; do
       say "test $t"
       timeout 300 "$dir/tests/gpu/$t" >"$OUT/$t.log" 2>&1
       rc=$?
       tail -n 3 "$OUT/$t.log"
       TABLE+=("test $t: rc $rc $(grep -E 'test cases|All tests passed' "$OUT/$t.log" | tail -1)")
+      [ $rc -eq 0 ] || fail "test $t"
     done
     if [ "${SANITIZE:-0}" = 1 ]; then
       for tool in memcheck racecheck; do
@@ -64,26 +70,25 @@ for v in $VARIANTS; do
         timeout 400 compute-sanitizer --tool $tool --error-exitcode 99 "$dir/tests/gpu/test_ds4_kernels" >"$OUT/san.$tool.log" 2>&1
         rc=$?
         TABLE+=("$tool test_ds4_kernels: rc $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases|All tests passed' "$OUT/san.$tool.log" | tr '\n' ' ')")
+        [ $rc -eq 0 ] || fail "$tool test_ds4_kernels (san.$tool.log)"
       done
     fi
   fi
-  first=0
 done
 
 for v in $VARIANTS; do
   name=${v%%:*}
-  dir=build-it-$name
-  [ "$v" = "${VARIANTS%% *}" ] && dir=build
+  dir=$(dir_of "$v")
   [ -x "$dir/bench/ds4_attention_bench" ] || continue
   say "bench $name"
-  timeout 240 "$dir/bench/ds4_attention_bench" $BENCH_ARGS --json "$OUT/bench.$name.json" >"$OUT/bench.$name.log" 2>&1
+  timeout 240 "$dir/bench/ds4_attention_bench" $BENCH_ARGS --json "$OUT/bench.$name.json" >"$OUT/bench.$name.log" 2>&1 ||
+    fail "bench $name (bench.$name.log)"
   grep -E "^(C4|C128|C1|Pro) " "$OUT/bench.$name.log" | head -12
   while IFS= read -r line; do TABLE+=("$name | $line"); done < <(grep -E "^(C4|C128|C1) +A " "$OUT/bench.$name.log")
 done
 
 if [ "${TL:-0}" = 1 ]; then
-  v=${VARIANTS%% *}
-  flags=${v#*:}
+  flags=${FIRST#*:}
   say "timeline build"
   if build_variant build-tl "$flags,-DGRAPHSAFE_DS4_TIMELINE" 0; then
     timeout 200 build-tl/bench/ds4_attention_bench --types c4 --reps 3 --layers 43 >"$OUT/timeline.log" 2>&1
@@ -110,4 +115,5 @@ say "done"
 printf '%s\n' "${TABLE[@]}" | tee "$OUT/summary.txt"
 # At most 8 files come back from the device: everything but the JSON and the summary goes into one tarball.
 (cd "$OUT" && find . -maxdepth 1 -type f ! -name '*.json' ! -name summary.txt ! -name logs.tgz -print0 |
-   xargs -0 tar czf logs.tgz && find . -maxdepth 1 -type f ! -name '*.json' ! -name summary.txt ! -name logs.tgz -delete)
+   xargs -0 -r tar czf logs.tgz && find . -maxdepth 1 -type f ! -name '*.json' ! -name summary.txt ! -name logs.tgz -delete)
+exit $FAILED
