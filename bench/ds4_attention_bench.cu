@@ -188,21 +188,21 @@ void print_timeline(const std::vector<unsigned long long>& v, int grid, double c
         d[tag + "d consumer S (FULL -> S done)"].push_back(us(r[tl::full + j], r[tl::s_done + j]));
         d[tag + "e consumer softmax+PV (S done -> PV done)"].push_back(us(r[tl::s_done + j], r[tl::pv_done + j]));
         d[tag + "f producer fill (loads start -> FULL arrive)"].push_back(us(r[tl::p_loads_start + j], r[tl::p_full_arrive + j]));
-        if (j > 0) d[tag + "g producer loads start after consumer FULL(j-1)"].push_back(us(r[tl::full + j - 1], r[tl::p_loads_start + j]));
-        if (j > 0) d[tag + "g2 producer FULL(j-1) arrive -> loads start"].push_back(us(r[tl::p_full_arrive + j - 1], r[tl::p_loads_start + j]));
+        if (j > 0) d[tag + "g producer iteration start after consumer FULL(j-1)"].push_back(us(r[tl::full + j - 1], r[tl::p_loads_start + j]));
+        if (j > 0) d[tag + "g2 producer FULL(j-1) arrive -> iteration start"].push_back(us(r[tl::p_full_arrive + j - 1], r[tl::p_loads_start + j]));
         if (j > 0 && r[tl::p_prefetched + j - 1] != 0) {
-          d[tag + "g4 producer FULL(j-1) arrive -> L2 prefetch issued"].push_back(us(r[tl::p_full_arrive + j - 1], r[tl::p_prefetched + j - 1]));
-          d[tag + "g5 producer L2 prefetch issued -> loads start"].push_back(us(r[tl::p_prefetched + j - 1], r[tl::p_loads_start + j]));
+          d[tag + "g4 producer FULL(j-1) arrive -> row B + L2 prefetch issued"].push_back(us(r[tl::p_full_arrive + j - 1], r[tl::p_prefetched + j - 1]));
+          d[tag + "g5 producer L2 prefetch issued -> iteration start"].push_back(us(r[tl::p_prefetched + j - 1], r[tl::p_loads_start + j]));
         }
-        if (r[tl::p_loads_issued + j] != 0) d[tag + "f1 producer loads start -> all issued"].push_back(us(r[tl::p_loads_start + j], r[tl::p_loads_issued + j]));
-        if (r[tl::p_loads_issued + j] != 0) d[tag + "f2 producer loads issued -> FULL arrive"].push_back(us(r[tl::p_loads_issued + j], r[tl::p_full_arrive + j]));
-        if (r[tl::p_loads_issued + j] != 0) d[tag + "f3 producer loads issued -> stores done (L2 latency inside)"].push_back(us(r[tl::p_loads_issued + j], r[tl::p_stores_done + j]));
+        if (r[tl::p_loads_issued + j] != 0) d[tag + "f1 producer iteration start -> stage free, rows marked"].push_back(us(r[tl::p_loads_start + j], r[tl::p_loads_issued + j]));
+        if (r[tl::p_loads_issued + j] != 0) d[tag + "f2 producer stage free -> FULL arrive"].push_back(us(r[tl::p_loads_issued + j], r[tl::p_full_arrive + j]));
+        if (r[tl::p_loads_issued + j] != 0) d[tag + "f3 producer stage free -> tile stored (next row A issued)"].push_back(us(r[tl::p_loads_issued + j], r[tl::p_stores_done + j]));
         d[tag + "f4 producer fence.proxy.async"].push_back(us(r[tl::p_stores_done + j], r[tl::p_full_arrive + j]));
-        if (j > 0) d[tag + "g3 producer FULL(j-1) arrive -> loads issued + EMPTY ok"].push_back(us(r[tl::p_full_arrive + j - 1], r[tl::p_empty_ok + j]));
+        if (j > 0) d[tag + "g3 producer FULL(j-1) arrive -> EMPTY(j) passed"].push_back(us(r[tl::p_full_arrive + j - 1], r[tl::p_empty_ok + j]));
         if (j < 4) {
-          d[tag + "e1 consumer S done -> X bar passed (partials exchanged)"].push_back(us(r[tl::s_done + j], r[tl::c_x_bar + j]));
-          d[tag + "e2 consumer X bar -> softmax done (add, exp2, P, rescale)"].push_back(us(r[tl::c_x_bar + j], r[tl::c_pv_start + j]));
-          d[tag + "e3 consumer softmax done -> PV done"].push_back(us(r[tl::c_pv_start + j], r[tl::pv_done + j]));
+          d[tag + "e1 math wg: own S half done -> partial added"].push_back(us(r[tl::s_done + j], r[tl::c_x_bar + j]));
+          d[tag + "e2 math wg: partial added -> P handed over, O rescaled"].push_back(us(r[tl::c_x_bar + j], r[tl::c_pv_start + j]));
+          d[tag + "e3 math wg: PV (own half)"].push_back(us(r[tl::c_pv_start + j], r[tl::pv_done + j]));
         }
         d[tag + "h consumer waits FULL (arrive -> acquired)"].push_back(us(r[tl::p_full_arrive + j], r[tl::full + j]));
       }

@@ -164,37 +164,60 @@ __device__ __forceinline__ void dequant16(const uint4& w, unsigned scale_byte, u
 }
 
 // Byte address of a token's data / scales in a paged cache.
+// slots = num_blocks * block_tokens and shift = log2(block_tokens) (-1 if not a power of two) are
+// precomputed on the host (view_of): a 32-bit division by a runtime value is ~20 instructions, and
+// every DS4 block size (64 SWA tokens, 64 / 2 compressed entries) is a power of two. (On the H200
+// the attention producer's per-row division measured no different from the shift, session 7: the
+// producer is no longer the tile loop's limit.)
 struct CacheView {
   const std::uint8_t* base;
   int block_tokens;
   int num_blocks;
   unsigned long long stride;
-  __device__ __forceinline__ bool valid(long long slot) const {
-    return slot >= 0 && slot < static_cast<long long>(num_blocks) * block_tokens;
-  }
+  int slots;
+  int shift;
+  __device__ __forceinline__ bool valid(long long slot) const { return slot >= 0 && slot < slots; }
   // Slots are < num_blocks * block_tokens < 2^31 (checked by require_cache): 32-bit div/mod.
-  __device__ __forceinline__ const std::uint8_t* data(long long slot) const {
+  __device__ __forceinline__ void split(long long slot, unsigned& blk, unsigned& off) const {
     const unsigned s = static_cast<unsigned>(slot), bt = static_cast<unsigned>(block_tokens);
-    const unsigned blk = s / bt, off = s - blk * bt;
+    if (shift >= 0) {
+      blk = s >> shift;
+      off = s & (bt - 1u);
+    } else {
+      blk = s / bt;
+      off = s - blk * bt;
+    }
+  }
+  __device__ __forceinline__ const std::uint8_t* data(long long slot) const {
+    unsigned blk, off;
+    split(slot, blk, off);
     return base + static_cast<unsigned long long>(blk) * stride + off * static_cast<unsigned>(kTokenDataBytes);
   }
-  // Both addresses of a valid slot from one division (the producer's per-row hot path).
+  // Both addresses of a valid slot from one split (the producer's per-row hot path).
   __device__ __forceinline__ void locate(long long slot, const std::uint8_t*& d, const std::uint8_t*& sc) const {
-    const unsigned s = static_cast<unsigned>(slot), bt = static_cast<unsigned>(block_tokens);
-    const unsigned blk = s / bt, off = s - blk * bt;
+    unsigned blk, off;
+    split(slot, blk, off);
     const std::uint8_t* blk_base = base + static_cast<unsigned long long>(blk) * stride;
     d = blk_base + off * static_cast<unsigned>(kTokenDataBytes);
-    sc = blk_base + bt * static_cast<unsigned>(kTokenDataBytes) + off * static_cast<unsigned>(kTokenScaleBytes);
+    sc = blk_base + static_cast<unsigned>(block_tokens) * static_cast<unsigned>(kTokenDataBytes) +
+         off * static_cast<unsigned>(kTokenScaleBytes);
   }
   __device__ __forceinline__ const std::uint8_t* scales(long long slot) const {
-    const unsigned s = static_cast<unsigned>(slot), bt = static_cast<unsigned>(block_tokens);
-    const unsigned blk = s / bt, off = s - blk * bt;
-    return base + static_cast<unsigned long long>(blk) * stride + bt * static_cast<unsigned>(kTokenDataBytes) +
+    unsigned blk, off;
+    split(slot, blk, off);
+    return base + static_cast<unsigned long long>(blk) * stride +
+           static_cast<unsigned>(block_tokens) * static_cast<unsigned>(kTokenDataBytes) +
            off * static_cast<unsigned>(kTokenScaleBytes);
   }
 };
 inline CacheView view_of(const PagedCache& c) {
-  return {c.base, c.block_tokens, c.num_blocks, static_cast<unsigned long long>(c.stride)};
+  int shift = -1;
+  if (c.block_tokens > 0 && (c.block_tokens & (c.block_tokens - 1)) == 0) {
+    shift = 0;
+    while ((1 << shift) < c.block_tokens) ++shift;
+  }
+  return {c.base, c.block_tokens, c.num_blocks, static_cast<unsigned long long>(c.stride),
+          static_cast<int>(static_cast<long long>(c.num_blocks) * c.block_tokens), shift};
 }
 
 // ---- quantization (twin of ref::ue8m0_exponent / ref::quantize_insert, bit-identical)
@@ -354,6 +377,33 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs_tb(float (&d)[128], std::uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
 #else
   (void)d; (void)a0; (void)a1; (void)a2; (void)a3; (void)db;
+#endif
+}
+
+// D[64x128] += A[64x16] * B[16x128], A in registers (as in wgmma_m64n256k16_rs_tb), B MN-major in
+// shared memory. Two of these replace one m64n256k16 where the kernel's launch bound allows fewer
+// than ~160 registers per thread: ptxas checks each instruction's operands against the kernel-wide
+// count, whatever setmaxnreg grants the region (C7602 with 128).
+__device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[64], std::uint32_t a0, std::uint32_t a1,
+                                                       std::uint32_t a2, std::uint32_t a3, std::uint64_t db) {
+#ifndef GRAPHSAFE_DS4_NO_WGMMA
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+#else
+  (void)d; (void)a0; (void)a1; (void)a2; (void)a3; (void)db;
+#endif
+}
+// D[64x128] += A[64x16] * B[16x128], A K-major, B MN-major (transposed), both in shared memory.
+__device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[64], std::uint64_t da, std::uint64_t db) {
+#ifndef GRAPHSAFE_DS4_NO_WGMMA
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, 1, 1, 1, 0, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db));
+#else
+  (void)d; (void)da; (void)db;
 #endif
 }
 

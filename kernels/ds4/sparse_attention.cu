@@ -10,9 +10,10 @@
 //
 // Two tile engines with the same numerics, chosen by GRAPHSAFE_DS4_ATTENTION (once per process):
 //  * ws (default, sm_90a): warp-specialized, 384 threads -- a producer warpgroup gathers and
-//    dequantizes the rows into a double-buffered bf16 tile, two consumer warpgroups each run S over
-//    half of the 512 dims (wgmma m64n64k16), exchange the partial scores, and run PV for 256 dims
-//    (wgmma m64n256k16, P from registers). See the kernel.
+//    dequantizes the rows into a double-buffered bf16 tile; of two consumer warpgroups the math
+//    one runs S over dims 0..255, the PV one over 256..511 (wgmma m64n64k16, concurrently), the
+//    PV one hands its partial over, the math one runs the only softmax and hands P back, and each
+//    runs PV for its 256 dims (wgmma m64n128k16 pairs). See the kernel.
 //  * mma_sync: m16n8k16 + ldmatrix; warp w computes S for heads 16*(w%4).., rows 16*(w/4).. and O
 //    for heads 32*(w/8).., dims 64*(w%8)... SASS: HMMA. Runs on GPUs without sm_90a (and is tested
 //    on the H200 through GRAPHSAFE_DS4_ATTENTION=mma_sync: ctest test_ds4_kernels_mma_sync).
@@ -30,14 +31,13 @@
 // same order they produce bitwise identical output (checked by the tests and the benchmark).
 //
 // Measured on one H200 (bench/ds4_attention_bench.cu, B=64, H=64, 43 layers, graph replay; see
-// docs/benchmarks.md): ws C4 ~28.5 us/layer, C128 ~27, C1 ~14 -- 3.5-4.8x the physical bound,
-// ~25x faster than the PyTorch baseline. Where the time goes (timeline build,
-// -DGRAPHSAFE_DS4_TIMELINE; bench/results/ds4_ws_timeline_h200.txt): per 64-row tile ~3.3 us, set
-// by the producer (~1.9 us to load, dequantize and store a tile, ~1.1 us from one tile's FULL to
-// the next tile's loads: L2 prefetch and row addressing) with the consumers close behind (S 1.1 us,
-// exchange + softmax 1.2 us, PV 0.6 us); ~2.6 us before the first tile (queries and the first rows
-// come from HBM) and ~5 us of split merge after the last (DSMEM push of 64 KB of fp32 partials,
-// 2 us; the merge, 2 us).
+// docs/benchmarks.md): ws C4 ~26.8 us/layer, C128 ~25.5, C1 ~13.7 -- 3.3-4.6x the physical
+// bound. Where the time goes at C4 (timeline build, -DGRAPHSAFE_DS4_TIMELINE, CTAs with 5 tiles;
+// bench/results/ds4_ws_session7_h200.txt): ~3.0 us before the first tile (queries and the first
+// rows come from HBM, all CTAs at once), ~2.7 us per 64-row tile set by the consumers (own S half
+// 1.2, partial wait 0.3, softmax + handoff 0.5, PV 0.45; the producer waits for EMPTY), and
+// ~4.4 us of split merge (waiting for the peer 0.7, DSMEM push of 64 KB of fp32 partials 2.1, the
+// merge and the output 1.6).
 
 #include <graphsafe/ds4/detail/timeline.hpp>
 #include <graphsafe/ds4/kernels.hpp>
@@ -51,6 +51,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace graphsafe::ds4::cuda {
@@ -404,45 +405,53 @@ __device__ __forceinline__ int blk16(int r, int kc) {  // byte offset of 16-byte
 // Warp-specialized wgmma variant (default on sm_90a). 384 threads = 3 warpgroups:
 //   warpgroup 2 (producer) gathers the tile's rows (fp8 data + scales, or bf16 workspace rows),
 //     dequantizes them into a double-buffered bf16 K tile and signals FULL[stage];
-//   warpgroups 0 and 1 (consumers): warpgroup c computes the partial scores of all 64 rows over
-//     dims [256c, 256c + 256) (16 x wgmma m64n64k16: A = Q, B = K, both K-major), the two
-//     partials meet in shared memory (own + other: both warpgroups then hold bitwise the same S),
-//     both run the same online softmax, and each computes O[:, 256c .. 256c+255] += P V over all
-//     64 rows (4 x wgmma m64n256k16, A = P from registers, B = the K tile read MN-major) and
-//     releases the stage (EMPTY[stage]).
-//   Why this split (session 5; it replaced S split by rows, 32 rows per warpgroup): with N = 32 each
-//   warpgroup re-read all of Q for S (shared-memory bound), the row max and P then crossed shared
-//   memory behind two 256-thread barriers. Split by dims, Q and K are each read once, one barrier
-//   exchanges 16 KB of fp32 partials per warpgroup, and P never leaves registers. The softmax's
-//   exp2 runs twice (once per warpgroup): 32 per thread instead of 16.
-// Loading and dequantizing tile t+1 thus overlaps the tensor-core work of tile t, and the
-// consumers synchronize only with each other (named barriers of 256 threads), never with a
-// block-wide barrier inside the loop. Same numerics as above (bf16 operands, fp32 accumulation,
-// bf16 P, base-2 online softmax) except S's summation order (two 256-dim halves, then their sum);
-// the split merge has the same arithmetic in split order.
-constexpr int kWsThreads = 384;
+//   warpgroup 0 (math): S over dims 0 .. 255 (16 x wgmma m64n64k16, A = Q, B = K, both K-major),
+//     adds warpgroup 1's partial over dims 256 .. 511, runs the online softmax (the only one: it
+//     owns m and l), hands P (bf16) and the rescale factors to warpgroup 1 through shared memory,
+//     and computes O[:, 0 .. 255] += P V (wgmma m64n128k16 pairs, A = P from registers, B = the K
+//     tile read MN-major).
+//   warpgroup 1 (PV): the partial S over dims 256 .. 511 (its own wgmma chain, concurrent with
+//     warpgroup 0's), then O[:, 256 .. 511] += P V with P from shared memory (SS wgmma), and
+//     releases the stage (EMPTY[stage]) and the P buffer (P_FREE).
+//   Why this split (session 6; FlashMLA's sm90 sparse decode kernel gives warpgroup 0 the softmax
+//   and warpgroup 1 half of PV the same way): session 5's split (each warpgroup S over half the
+//   dims, both partials exchanged, the softmax run in both) computed the softmax twice and moved
+//   32 KB of fp32 partials per tile; now the softmax runs once and 16 KB of partials move one way.
+//   S stays split over two warpgroups: one chain of 32 m64n64k16 in one warpgroup took 1.9 us per
+//   tile (the tensor pipe waits on each step's accumulator), two concurrent chains of 16 ~0.95.
+// Same numerics as the mma.sync engine (bf16 operands, fp32 accumulation, bf16 P, base-2 online
+// softmax); the split merge has the same arithmetic in split order.
 constexpr int kWsConsumers = 256;
+constexpr int kWsThreads = kWsConsumers + 128;
 // Registers per thread after setmaxnreg: the CTA holds 384 x 168; the producer gives back what the
-// consumers (O = 128 fp32 accumulators, 32 scores, 16 P registers) take: 128 x (168 - P) =
-// 256 x (C - 168). ptxas allocates each region's code within the count its setmaxnreg grants
-// (checked: a 200-float live set after setmaxnreg.inc 240 compiles without spills at 168 for the
-// kernel), so C = 200 leaves the producer 104 -- enough for its 18 loads in flight (72 registers)
-// without spills. (Session 4's notes blamed ptxas for spills that came from C = 176.)
+// consumers take: 128 x (168 - P) = 256 x (C - 168). The math warpgroup holds O (128 fp32) + S (32)
+// + P (16) + addressing, the PV warpgroup O + its partial S (32); they share the count because they
+// share the epilogue's code (ptxas allocates each region's code within the count its setmaxnreg
+// grants: checked in session 5, a 200-float live set after setmaxnreg.inc 240 compiles without
+// spills at 168 for the kernel). C = 192 leaves the producer 120: two rows x 9 loads in flight
+// (76 registers) plus addressing. (C = 200, producer 104: 2 us slower per layer on the H200.)
 #ifndef GRAPHSAFE_WS_CONSUMER_REGS
-#define GRAPHSAFE_WS_CONSUMER_REGS 200
+#define GRAPHSAFE_WS_CONSUMER_REGS 192
 #endif
 constexpr int kWsConsumerRegs = GRAPHSAFE_WS_CONSUMER_REGS;
 constexpr int kWsProducerRegs = 168 - 2 * (kWsConsumerRegs - 168);
 static_assert(kWsProducerRegs >= 24 && kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0, "setmaxnreg counts");
-constexpr int kWsXBytes = 2 * kGroupHeads * kTileRows * 4;  // 32768: the two partial S, fp32
-constexpr int kWsMiscBytes = 2 * 64 * 4;                      // vld
-constexpr int kWsSmemBytes = kWgQBytes + 2 * kWgKBytes + kWsXBytes + kWsMiscBytes;
+constexpr int kWsPBytes = kGroupHeads * kTileRows * 2;  // 8192: P (bf16), canonical K-major layout
+constexpr int kWsPSbo = (kTileRows / 8) * 128;          // 1024: next 8 heads of P
+constexpr int kWsMiscBytes = 128 * 8 + 128 * 16 + 2 * 64 * 4;  // alpha[128] float2, (m, l)[128] float4, vld[2][64]
+constexpr int kWsXBytes = kGroupHeads * kTileRows * 4;  // 16384: the PV warpgroup's partial S, fp32
+constexpr int kWsSmemBytes = kWgQBytes + 2 * kWgKBytes + kWsPBytes + kWsXBytes + kWsMiscBytes;
 static_assert(kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem over the sm_90 limit");
 
 // Named barriers (0 is __syncthreads): FULL[s] producer -> consumers, EMPTY[s] consumers ->
-// producer, X (partial scores written) and X_FREE[c] (warpgroup c's partial read) among the
-// consumers, OUT among the consumers of a cluster merge.
-enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarX = 5, kBarXFree0 = 6, kBarOut = 8 };
+// producer, Q (queries stored; (m, l) handed over) among the consumers, X_READY (the PV
+// warpgroup's partial scores of tile j written, its PV of tile j - 1 done) PV -> math, P_READY (P
+// and the rescale factors of tile j written, the partial of tile j read) math -> PV, OUT among the
+// consumers of a cluster merge. Each handoff buffer is released by the next handoff the other way.
+enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarQ = 5, kBarPReady = 6, kBarXReady = 7, kBarOut = 8 };
+// The paged producer's stand-in for rows it does not load from a cache (invalid slots, rows past
+// the request's length): 576 zero data bytes and zero scales, so such rows dequantize to zeros.
+__device__ __align__(16) std::uint8_t g_zero_row[kRawStride];
 constexpr int kWsOutStride = kHeadDim * 2 + 16;  // bytes per head row of the staged output
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
@@ -489,8 +498,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   extern __shared__ __align__(128) std::uint8_t smem[];
   std::uint8_t* Qs = smem;
   std::uint8_t* Ks = smem + kWgQBytes;  // [2][64 rows x 512] bf16, canonical layout
-  float4* Xs = reinterpret_cast<float4*>(Ks + 2 * kWgKBytes);         // [2 warpgroups][8][128 threads]
-  int* vld = reinterpret_cast<int*>(Ks + 2 * kWgKBytes + kWsXBytes);  // [2 stages][64]
+  std::uint8_t* Ps = Ks + 2 * kWgKBytes;                                  // P of the tile, bf16, canonical
+  float4* Xs = reinterpret_cast<float4*>(Ps + kWsPBytes);                 // [8][128 threads]: S over dims 256.., PV -> math
+  float2* As = reinterpret_cast<float2*>(Ps + kWsPBytes + kWsXBytes);     // [128]: rescale factors, math -> PV
+  float4* MLs = reinterpret_cast<float4*>(As + 128);                      // [128]: (m, l), math -> PV
+  int* vld = reinterpret_cast<int*>(MLs + 128);                           // [2 stages][64]
 
   const int split = blockIdx.x, b = blockIdx.y, head0 = blockIdx.z * kGroupHeads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -561,27 +573,31 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
 
   float o[128];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const int c = warp >> 2;  // consumer warpgroup 0 / 1 (2: producer)
+  // 0: math warpgroup, 1: PV warpgroup, 2: producer. Through a shuffle so that ptxas knows it is
+  // warp-uniform: otherwise it treats the role branches as divergent and serializes every wgmma
+  // behind a warpgroup.arrive it inserts (C7520).
+  const int c = __shfl_sync(0xffffffffu, warp >> 2, 0);
   const int w4 = warp & 3;
   const int qr = lane >> 2, qc = 2 * (lane & 3);
   const int hrow[2] = {16 * w4 + qr, 16 * w4 + qr + 8};
 
   if (c == 2) {
     // ================================ producer ================================
-    setmaxnreg_dec<kWsProducerRegs>();  // frees 128 x (168 - P) = 256 x (C - 168) for the consumers
+    setmaxnreg_dec<kWsProducerRegs>();  // gives the consumers their 2 x (consumer - launch) x 128
     const int ptid = tid - kWsConsumers;
-    // Thread (producer warp pw, lane l) owns rows r0 = 16 pw + l % 8 and r0 + 8 of every tile and
-    // their 16-byte chunks q + 4m (q = l / 8). It fetches its rows' slots and computes their
-    // addresses itself (4 threads share a row: redundant index loads hit L1), so no row pointers
-    // go through shared memory and no producer-wide barrier sits in the loop. Every chunk's global
-    // offset and shared-memory offset is a compile-time constant from two bases. A warp's load
-    // covers 8 rows x 64 contiguous bytes (8 L1 wavefronts), and each 8-lane phase of a 128-bit
-    // shared store covers 8 consecutive rows of one core-matrix column (conflict-free).
-    // Why: the timeline build (GRAPHSAFE_DS4_TIMELINE) showed the producer as the tile loop's
-    // critical path, with ~0.45 us per tile spent publishing row pointers behind the stage's
-    // EMPTY barrier and ~1.9 us from issuing the row loads to the stores (L2 latency included).
-    // Now the loads of tile t are issued before waiting for its stage (registers, not shared
-    // memory, are their destination), so that wait overlaps their latency.
+    // Thread (producer warp pw, lane l) owns rows r0 = 16 pw + l % 8 (row A) and r0 + 8 (row B) of
+    // every tile and their 16-byte chunks q + 4m (q = l / 8). It fetches its rows' slots and
+    // computes their addresses itself (4 threads share a row: redundant index loads hit L1), so no
+    // row pointers go through shared memory and no producer-wide barrier sits in the loop. Every
+    // chunk's global offset and shared-memory offset is a compile-time constant from two bases. A
+    // warp's load covers 8 rows x 64 contiguous bytes (8 L1 wavefronts), and each 8-lane phase of a
+    // 128-bit shared store covers 8 consecutive rows of one core-matrix column (conflict-free).
+    // Paged rows are software-pipelined across tiles (session 6): a row's registers are refilled
+    // with the same row of the next tile as soon as that row is stored, so the next tile's loads
+    // are in flight while this tile is dequantized, stored and published and while the producer
+    // waits for the next stage. Before, all 18 loads of tile t + 1 were issued only after tile t was
+    // stored: one L2 latency per tile on the critical path (timeline: ~3 us per tile, producer-bound;
+    // the consumers waited for FULL).
     const int q = (ptid >> 3) & 3;
     const int r0 = 16 * (ptid >> 5) + (ptid & 7);
     auto fetch_slot = [&](int t, int row) -> int {  // slot of a row of tile t; -1: no row
@@ -595,145 +611,180 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       }
       return ld_nc_or(src, t < t_end && i < T, -1);
     };
-    // Data and scale addresses of a row of tile t (null: invalid row -> zeros).
-    auto row_ptrs = [&](int t, int row, long long slot, const std::uint8_t*& d, const std::uint8_t*& sc) {
-      d = nullptr;
-      sc = nullptr;
-      if constexpr (kPaged) {
-        const CacheView& cv = t * kTileRows + row < n_cmp ? p.cmp : p.swa;
-        if (slot >= 0 && cv.valid(slot)) cv.locate(slot, d, sc);
-      } else {
-        if (slot >= 0 && slot < p.ws_rows) d = reinterpret_cast<const std::uint8_t*>(p.ws + slot * kHeadDim);
-      }
-    };
-    // L2 prefetch of this thread's quarter of its two rows (the 4 threads of a row split its lines).
-    auto l2_prefetch = [&](int t, const int* slot) {
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const std::uint8_t *d, *sc;
-        row_ptrs(t, r0 + 8 * rr, slot[rr], d, sc);
-        if (d == nullptr) continue;
-        if constexpr (kPaged) {
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(d + q * 128));
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(q == 0 ? d + 512 : sc));
-        } else {
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(d + q * 128));
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(d + 512 + q * 128));
-        }
-      }
-    };
-    // Slots are fetched two tiles ahead at the top of an iteration and first read by that
-    // iteration's L2 prefetch of their rows, after the FULL arrive (~2 us later, off the critical
-    // path), so the tile's own loads are L2 hits. The index load is one predicated instruction
-    // (ld_nc_or) so that nothing waits for it before that first read.
-    int sl0[2], sl1[2];
+    // Slots of tiles t (sl0), t + 1 (sl1), t + 2 (sl2) and t + 3 (sl3, fetched at the top of an
+    // iteration). The L2 prefetch of tile t + 2 after the FULL arrive reads slots fetched one
+    // iteration earlier (with the pipelined loads an iteration is ~1 us, about one index-load
+    // latency: prefetching from slots fetched in the same iteration waited for them, 2 us per tile
+    // in the timeline), so a tile's own loads are L2 hits. The index load is one predicated
+    // instruction (ld_nc_or) so that nothing waits for it before that first read.
+    int sl0[2], sl1[2], sl2[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       sl0[rr] = fetch_slot(t_begin, r0 + 8 * rr);
       sl1[rr] = fetch_slot(t_begin + 1, r0 + 8 * rr);
+      sl2[rr] = fetch_slot(t_begin + 2, r0 + 8 * rr);
     }
-    l2_prefetch(t_begin + 1, sl1);
-    for (int j = 0; j < n; ++j) {
-      const int t = t_begin + j, st = j & 1;
-      int sl2[2];
+    [[maybe_unused]] const bool tl0 = ptid == 0;
+    if constexpr (kPaged) {
+      // fp8 chunk c = q + 4m (m < 7): scale byte m, bf16 chunks 2c, 2c + 1 -> kr + 256 q + 1024 m
+      // (+ 128). Rope chunk c = 28 + q + 4m' (m' < 2): bf16 chunk 56 + q + 4m' -> kr + 7168 +
+      // 128 q + 512 m'. w[rr] / sc[rr] hold row rr's 9 chunks and scales of the tile being stored.
+      uint4 w[2][9];
+      uint2 sc[2];
+      // Addresses of a row of tile t: the cache row, or the zero row (an invalid slot, a row past
+      // T or past t_end, the probe). The loads are then unconditional: no zeroing of w[] and no
+      // branch per row (44 register-zeroing instructions per tile in session 6's SASS).
+      const std::uint8_t* const zero = g_zero_row;
+      auto row_addr = [&](int t, int row, int slot, const std::uint8_t*& d, const std::uint8_t*& scp) {
+        const CacheView& cv = t * kTileRows + row < n_cmp ? p.cmp : p.swa;
+        d = zero;
+        scp = zero + kTokenDataBytes;
+        if (cv.valid(slot) && !(p.probe & 1)) cv.locate(slot, d, scp);
+      };
+      auto issue_row = [&](int rr, const std::uint8_t* d, const std::uint8_t* scp) {  // row rr's loads into w[rr]
+        const uint4* src = reinterpret_cast<const uint4*>(d) + q;
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) sl2[rr] = fetch_slot(t + 2, r0 + 8 * rr);
-      const std::uint8_t *d0, *d1, *sc0, *sc1;
-      row_ptrs(t, r0, sl0[0], d0, sc0);
-      row_ptrs(t, r0 + 8, sl0[1], d1, sc1);
-      if (p.probe & 1) d0 = d1 = nullptr;
-      std::uint8_t* kt = Ks + st * kWgKBytes;
-      std::uint8_t* kr0 = kt + (r0 >> 3) * kWgRowSbo + (r0 & 7) * 16;  // + 128 kc: bf16 chunk kc of row r0
-      std::uint8_t* kr1 = kr0 + kWgRowSbo;                             // row r0 + 8
-      TL(tl::p_loads_start + (j & 7), ptid == 0);
-      if constexpr (kPaged) {
-        // fp8 chunk c = q + 4m (m < 7): scale byte m, bf16 chunks 2c, 2c + 1 -> kr + 256 q + 1024 m
-        // (+ 128). Rope chunk c = 28 + q + 4m' (m' < 2): bf16 chunk 56 + q + 4m' -> kr + 7168 +
-        // 128 q + 512 m'. All 18 loads are issued before the stage wait.
-        uint4 w[2][9];
-        uint2 sc[2] = {make_uint2(0, 0), make_uint2(0, 0)};
+        for (int mm = 0; mm < 9; ++mm) w[rr][mm] = __ldg(src + 4 * mm);
+        sc[rr] = __ldg(reinterpret_cast<const uint2*>(scp));  // 7 scales + pad
+      };
+      auto prefetch_row = [&](const std::uint8_t* d, const std::uint8_t* scp) {  // this thread's quarter
+        if (d == zero) return;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(d + q * 128));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(q == 0 ? d + 512 : scp));
+      };
+      auto store_row = [&](std::uint8_t* kr, int rr) {  // dequantize w[rr] into the stage
+        std::uint8_t* kf = kr + rr * kWgRowSbo + 256 * q;
+        const uint2 sr = sc[rr];
+        // Rows with a scale byte >= 128 (never real KV scales) take the general dequant16 (a
+        // branch, not hot-path code); both loops unrolled: a rolled one would index w[] dynamically.
+        if (((sr.x | sr.y) & 0x80808080u) == 0) {
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const std::uint8_t* d = rr == 0 ? d0 : d1;
-          if (d != nullptr) {
-            const uint4* src = reinterpret_cast<const uint4*>(d) + q;
+          for (int mm = 0; mm < 7; ++mm) {
+            uint4 lo, hi;
+            dequant16_small(w[rr][mm], ue8m0_factor(((mm < 4 ? sr.x : sr.y) >> (8 * (mm & 3))) & 0xFFu), lo, hi);
+            *reinterpret_cast<uint4*>(kf + 1024 * mm) = lo;
+            *reinterpret_cast<uint4*>(kf + 1024 * mm + 128) = hi;
+          }
+        } else {
 #pragma unroll
-            for (int m = 0; m < 9; ++m) w[rr][m] = __ldg(src + 4 * m);
-            sc[rr] = __ldg(reinterpret_cast<const uint2*>(rr == 0 ? sc0 : sc1));  // 7 scales + pad
-          } else {
-#pragma unroll
-            for (int m = 0; m < 9; ++m) w[rr][m] = make_uint4(0, 0, 0, 0);
+          for (int mm = 0; mm < 7; ++mm) {
+            uint4 lo, hi;
+            dequant16(w[rr][mm], ((mm < 4 ? sr.x : sr.y) >> (8 * (mm & 3))) & 0xFFu, lo, hi);
+            *reinterpret_cast<uint4*>(kf + 1024 * mm) = lo;
+            *reinterpret_cast<uint4*>(kf + 1024 * mm + 128) = hi;
           }
         }
-        if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
-        TL(tl::p_empty_ok + (j & 7), ptid == 0);
-        if (q == 0) {
-          vld[st * 64 + r0] = d0 != nullptr ? 1 : 0;
-          vld[st * 64 + r0 + 8] = d1 != nullptr ? 1 : 0;
-        }
-        TLDEP(tl::p_loads_issued + (j & 7), ptid == 0, w[0][8].w);
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          std::uint8_t* kf = (rr == 0 ? kr0 : kr1) + 256 * q;
-          const uint2 sr = sc[rr];
-          // Rows with a scale byte >= 128 (never real KV scales) take the general dequant16 (a
-          // branch, not hot-path code); both loops unrolled: a rolled one would index w[] dynamically.
-          if (((sr.x | sr.y) & 0x80808080u) == 0) {
-#pragma unroll
-            for (int m = 0; m < 7; ++m) {
-              uint4 lo, hi;
-              dequant16_small(w[rr][m], ue8m0_factor(((m < 4 ? sr.x : sr.y) >> (8 * (m & 3))) & 0xFFu), lo, hi);
-              *reinterpret_cast<uint4*>(kf + 1024 * m) = lo;
-              *reinterpret_cast<uint4*>(kf + 1024 * m + 128) = hi;
-            }
-          } else {
-#pragma unroll
-            for (int m = 0; m < 7; ++m) {
-              uint4 lo, hi;
-              dequant16(w[rr][m], ((m < 4 ? sr.x : sr.y) >> (8 * (m & 3))) & 0xFFu, lo, hi);
-              *reinterpret_cast<uint4*>(kf + 1024 * m) = lo;
-              *reinterpret_cast<uint4*>(kf + 1024 * m + 128) = hi;
-            }
-          }
-          std::uint8_t* kp = (rr == 0 ? kr0 : kr1) + 56 * 128 + 128 * q;
-          *reinterpret_cast<uint4*>(kp) = w[rr][7];
-          *reinterpret_cast<uint4*>(kp + 512) = w[rr][8];
-        }
-      } else {
-        // bf16 chunk c = q + 4m (m < 16) -> kr + 128 q + 512 m; 16 loads per row, the first row's
-        // issued before the stage wait (both rows' would take 128 registers).
-        uint4 v[16];
-        const uint4* src0 = reinterpret_cast<const uint4*>(d0) + q;
-#pragma unroll
-        for (int m = 0; m < 16; ++m) v[m] = d0 != nullptr ? __ldg(src0 + 4 * m) : make_uint4(0, 0, 0, 0);
-        if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
-        TL(tl::p_empty_ok + (j & 7), ptid == 0);
-        if (q == 0) {
-          vld[st * 64 + r0] = d0 != nullptr ? 1 : 0;
-          vld[st * 64 + r0 + 8] = d1 != nullptr ? 1 : 0;
-        }
-#pragma unroll
-        for (int m = 0; m < 16; ++m) *reinterpret_cast<uint4*>(kr0 + 128 * q + 512 * m) = v[m];
-        const uint4* src1 = reinterpret_cast<const uint4*>(d1) + q;
-#pragma unroll
-        for (int m = 0; m < 16; ++m) v[m] = d1 != nullptr ? __ldg(src1 + 4 * m) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int m = 0; m < 16; ++m) *reinterpret_cast<uint4*>(kr1 + 128 * q + 512 * m) = v[m];
-      }
-      TL(tl::p_stores_done + (j & 7), ptid == 0);
-      fence_proxy_async();
-      TL(tl::p_full_arrive + (j & 7), ptid == 0);
-      bar_arrive(kBarFull0 + st, kWsThreads);
-      l2_prefetch(t + 2, sl2);
-      TL(tl::p_prefetched + (j & 7), ptid == 0);
+        std::uint8_t* kp = kr + rr * kWgRowSbo + 56 * 128 + 128 * q;
+        *reinterpret_cast<uint4*>(kp) = w[rr][7];
+        *reinterpret_cast<uint4*>(kp + 512) = w[rr][8];
+      };
+      // Each row is located once, when its L2 prefetch is issued (one tile ahead of its loads);
+      // pd / ps keep the addresses of tile t + 1's rows until their loads are issued.
+      const std::uint8_t *pd[2], *ps[2];
+      bool ok[2];  // rows of the tile in w[] are cache rows (vld)
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        sl0[rr] = sl1[rr];
-        sl1[rr] = sl2[rr];
+        row_addr(t_begin, r0 + 8 * rr, sl0[rr], pd[rr], ps[rr]);
+        ok[rr] = pd[rr] != zero;
+        issue_row(rr, pd[rr], ps[rr]);
+      }
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        row_addr(t_begin + 1, r0 + 8 * rr, sl1[rr], pd[rr], ps[rr]);
+        prefetch_row(pd[rr], ps[rr]);
+      }
+      for (int j = 0; j < n; ++j) {
+        const int t = t_begin + j, st = j & 1;
+        int sl3[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) sl3[rr] = fetch_slot(t + 3, r0 + 8 * rr);
+        std::uint8_t* kr = Ks + st * kWgKBytes + (r0 >> 3) * kWgRowSbo + (r0 & 7) * 16;
+        TL(tl::p_loads_start + (j & 7), tl0);
+        if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
+        TL(tl::p_empty_ok + (j & 7), tl0);
+        if (q == 0) {
+          vld[st * 64 + r0] = ok[0] ? 1 : 0;
+          vld[st * 64 + r0 + 8] = ok[1] ? 1 : 0;
+        }
+        TLDEP(tl::p_loads_issued + (j & 7), tl0, w[0][8].w);
+        store_row(kr, 0);
+        ok[0] = pd[0] != zero;
+        issue_row(0, pd[0], ps[0]);  // row A of the next tile (the zero row past t_end)
+        store_row(kr, 1);
+        TL(tl::p_stores_done + (j & 7), tl0);
+        fence_proxy_async();
+        TL(tl::p_full_arrive + (j & 7), tl0);
+        bar_arrive(kBarFull0 + st, kWsThreads);
+        ok[1] = pd[1] != zero;
+        issue_row(1, pd[1], ps[1]);  // row B of the next tile
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          row_addr(t + 2, r0 + 8 * rr, sl2[rr], pd[rr], ps[rr]);
+          prefetch_row(pd[rr], ps[rr]);
+        }
+        TL(tl::p_prefetched + (j & 7), tl0);
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) sl2[rr] = sl3[rr];
+      }
+    } else {
+      // Workspace rows (bf16): chunk c = q + 4m (m < 16) -> kr + 128 q + 512 m; 16 loads per row,
+      // the first row's issued before the stage wait (both rows' would take 128 registers).
+      auto row_ptr = [&](long long slot) -> const std::uint8_t* {  // null: invalid row or no tile -> zeros
+        if (slot < 0 || slot >= p.ws_rows || (p.probe & 1)) return nullptr;
+        return reinterpret_cast<const std::uint8_t*>(p.ws + slot * kHeadDim);
+      };
+      // L2 prefetch of this thread's quarter of its two rows (the 4 threads of a row split its lines).
+      auto l2_prefetch = [&](const int* slot) {
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const std::uint8_t* d = row_ptr(slot[rr]);
+          if (d == nullptr) continue;
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(d + q * 128));
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(d + 512 + q * 128));
+        }
+      };
+      l2_prefetch(sl1);
+      for (int j = 0; j < n; ++j) {
+        const int t = t_begin + j, st = j & 1;
+        int sl3[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) sl3[rr] = fetch_slot(t + 3, r0 + 8 * rr);
+        const std::uint8_t* d[2] = {row_ptr(sl0[0]), row_ptr(sl0[1])};
+        std::uint8_t* kr = Ks + st * kWgKBytes + (r0 >> 3) * kWgRowSbo + (r0 & 7) * 16;
+        TL(tl::p_loads_start + (j & 7), tl0);
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const uint4* src = reinterpret_cast<const uint4*>(d[rr]) + q;
+          uint4 v[16];
+#pragma unroll
+          for (int mm = 0; mm < 16; ++mm) v[mm] = d[rr] != nullptr ? __ldg(src + 4 * mm) : make_uint4(0, 0, 0, 0);
+          if (rr == 0) {
+            if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
+            TL(tl::p_empty_ok + (j & 7), tl0);
+            if (q == 0) {
+              vld[st * 64 + r0] = d[0] != nullptr ? 1 : 0;
+              vld[st * 64 + r0 + 8] = d[1] != nullptr ? 1 : 0;
+            }
+          }
+#pragma unroll
+          for (int mm = 0; mm < 16; ++mm) *reinterpret_cast<uint4*>(kr + rr * kWgRowSbo + 128 * q + 512 * mm) = v[mm];
+        }
+        TL(tl::p_stores_done + (j & 7), tl0);
+        fence_proxy_async();
+        TL(tl::p_full_arrive + (j & 7), tl0);
+        bar_arrive(kBarFull0 + st, kWsThreads);
+        l2_prefetch(sl2);
+        TL(tl::p_prefetched + (j & 7), tl0);
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          sl0[rr] = sl1[rr];
+          sl1[rr] = sl2[rr];
+          sl2[rr] = sl3[rr];
+        }
       }
     }
-    // The producer never rejoins the consumers' code (its register budget is smaller): it takes
-    // part in the cluster merge's barriers here and leaves.
+    // The producers never rejoin the consumers' code (their register budget is smaller): they take
+    // part in the cluster merge's barriers here and leave.
     if (p.cluster) {  // barriers A and B of the merge
       cg::this_cluster().sync();
       cg::this_cluster().sync();
@@ -748,136 +799,207 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
 #pragma unroll
       for (int i = 0; i < 16; ++i) *reinterpret_cast<uint4*>(Qs + blk16(qh, (lane >> 3) + 4 * i)) = qv[i];
       fence_proxy_async();
-      bar_sync(kBarX, kWsConsumers);
+      bar_sync(kBarQ, kWsConsumers);
       TL(tl::q_ready, tid == 0);
     }
 #pragma unroll
     for (int e = 0; e < 128; ++e) o[e] = 0.f;
     const int ct = tid & 127;  // thread index within the consumer warpgroup
-    float4* x_own = Xs + c * 8 * 128 + ct;
-    const float4* x_other = Xs + (1 - c) * 8 * 128 + ct;
-    for (int j = 0; j < n; ++j) {
-      const int st = j & 1;
-      bar_sync(kBarFull0 + st, kWsThreads);
-      TL(tl::full + (j & 7), tid == 0);
-      const std::uint8_t* Kt = Ks + st * kWgKBytes;
-      // Valid-row bits of the thread's 16 score columns (8 nb + qc + e1: bit 2 nb + e1), read
-      // before the MMAs so their latency hides behind S.
-      unsigned vmask = 0;
+    // PV as two m64n128k16 per k step (o_lo: dims +0 .. 127 of the warpgroup's 256, o_hi: +128 ..):
+    // with two producer warpgroups the launch bound is 128 registers, and ptxas checks an
+    // instruction's operands against that count (an m64n256k16 has 128 accumulators).
+    float (&o_lo)[64] = *reinterpret_cast<float(*)[64]>(o);
+    float (&o_hi)[64] = *reinterpret_cast<float(*)[64]>(o + 64);
+    constexpr std::uint64_t kPvHalf = (16 * 128) >> 4;  // descriptor step: 128 dims = 16 core-matrix columns
+    // Partial scores of all 64 rows over dims [256 h, 256 h + 256): 16 x wgmma m64n64k16, A = Q,
+    // B = K rows, both K-major; running descriptors (laundered each step: all 32 precomputed would
+    // take 64 registers).
+    auto s_half = [&](float (&sp)[32], const std::uint8_t* Kt, int h) {
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
+      for (int e = 0; e < 32; ++e) sp[e] = 0.f;
+      std::uint64_t k_desc = wgmma_desc(Kt + h * 32 * 128, 128, kWgRowSbo);
+      std::uint64_t q_desc = wgmma_desc(Qs + h * 32 * 128, 128, kWgRowSbo);
+      wgmma_fence();
 #pragma unroll
-        for (int e1 = 0; e1 < 2; ++e1) vmask |= (vld[st * 64 + nb * 8 + qc + e1] != 0 ? 1u : 0u) << (2 * nb + e1);
-
-      // S half: dims [256 c, 256 c + 256) of all 64 rows (16 x wgmma m64n64k16, A = Q, B = K rows,
-      // both K-major). The two halves meet in shared memory below.
-      float s[32];
-#pragma unroll
-      for (int e = 0; e < 32; ++e) s[e] = 0.f;
-      {
-        // Running descriptors (laundered each step): all 32 precomputed would take 64 registers.
-        std::uint64_t k_desc = wgmma_desc(Kt + c * 32 * 128, 128, kWgRowSbo);
-        std::uint64_t q_desc = wgmma_desc(Qs + c * 32 * 128, 128, kWgRowSbo);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 32; ++kk) {
+      for (int kk = 0; kk < kHeadDim / 32; ++kk) {
 #ifndef GRAPHSAFE_DS4_TL_NO_S  // diagnostics build only: time the tile loop without S
-          wgmma_m64n64k16(s, q_desc, k_desc, kk > 0 ? 1 : 0);
+        wgmma_m64n64k16(sp, q_desc, k_desc, kk > 0 ? 1 : 0);
 #endif
-          q_desc = launder(q_desc + 16);
-          k_desc = launder(k_desc + 16);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
+        q_desc = launder(q_desc + 16);
+        k_desc = launder(k_desc + 16);
       }
-      TL(tl::s_done + (j & 7), tid == 0);
-      // Exchange the partial scores: each thread stores its 32 floats where the same thread of
-      // the other warpgroup reads them (16-byte, conflict-free), then adds own + other. Float
-      // addition is commutative, so both warpgroups hold bitwise the same S and run the same
-      // softmax: no max exchange, and P stays in registers as the A operand of PV.
-      // X_FREE[c]: the other warpgroup has read this warpgroup's previous partial.
-      if (j > 0) bar_sync(kBarXFree0 + c, kWsConsumers);
+      wgmma_commit();
+      wgmma_wait<0>();
+    };
+    // The side that hands a buffer over waits too (bar.sync, not bar.arrive): with bar.arrive,
+    // compute-sanitizer racecheck reported hazards on the rescale factors (As) handed from the math
+    // warpgroup to the PV warpgroup (session 6); with bar.sync on both sides racecheck is clean
+    // and the layer time is the same within noise (H200, session 7: C4 27.70 vs 27.59 us).
+    auto handoff = [&](int bar) { bar_sync(bar, kWsConsumers); };
+    if (c == 0) {
+      // ---- math warpgroup: S, softmax, P -> PV warpgroup, O[:, 0 .. 255]
+      // P (head h, tile row k) lives at (h / 8) kWsPSbo + (k / 8) 128 + (h % 8) 16 + (k % 8) 2: the
+      // thread's pair (hrow[jj], 8 nb + qc) at pst + jj kWsPSbo + 128 nb (a warp's 4-byte stores
+      // fall in 32 distinct banks).
+      std::uint8_t* pst = Ps + 2 * w4 * kWsPSbo + qr * 16 + qc * 2;
+      for (int j = 0; j < n; ++j) {
+        const int st = j & 1;
+        bar_sync(kBarFull0 + st, kWsThreads);
+        TL(tl::full + (j & 7), tid == 0);
+        const std::uint8_t* Kt = Ks + st * kWgKBytes;
+        // Valid-row bits of the thread's 16 score columns (8 nb + qc + e1: bit 2 nb + e1), read
+        // before the MMAs so their latency hides behind S.
+        unsigned vmask = 0;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) x_own[i * 128] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
-      bar_sync(kBarX, kWsConsumers);
-      TL(tl::c_x_bar + (j & 3), tid == 0 && j < 4);
+        for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float4 v = x_other[i * 128];
-        s[4 * i] += v.x;
-        s[4 * i + 1] += v.y;
-        s[4 * i + 2] += v.z;
-        s[4 * i + 3] += v.w;
-      }
-      if (j + 1 < n) bar_arrive(kBarXFree0 + (1 - c), kWsConsumers);
+          for (int e1 = 0; e1 < 2; ++e1) vmask |= (vld[st * 64 + nb * 8 + qc + e1] != 0 ? 1u : 0u) << (2 * nb + e1);
 
-      // Online softmax over the tile's 64 rows (thread: heads hrow[0] / hrow[1], rows 8 nb + qc, + 1).
-      float mx[2] = {-INFINITY, -INFINITY};
+        // S over dims 0 .. 255 here, over 256 .. 511 in the PV warpgroup at the same time (two
+        // independent wgmma chains: one chain of 32 m64n64k16 took 1.9 us per tile on the H200, the
+        // tensor pipe waiting on each step's accumulator), then S = own + its partial.
+        float s[32];
+        s_half(s, Kt, 0);
+        TL(tl::s_done + (j & 7), tid == 0);
+        bar_sync(kBarXReady, kWsConsumers);
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float sv = (vmask >> (2 * nb + (e & 1))) & 1u ? s[4 * nb + e] * p.scale_log2 : -INFINITY;
-          s[4 * nb + e] = sv;
-          mx[e >> 1] = fmaxf(mx[e >> 1], sv);
+        for (int i = 0; i < 8; ++i) {
+          const float4 v = Xs[i * 128 + ct];
+          s[4 * i] += v.x;
+          s[4 * i + 1] += v.y;
+          s[4 * i + 2] += v.z;
+          s[4 * i + 3] += v.w;
         }
-      float mu[2], alpha[2];
+        TL(tl::c_x_bar + (j & 3), tid == 0 && j < 4);
+
+        // Online softmax over the tile's 64 rows (thread: heads hrow[0] / hrow[1], rows 8 nb + qc, + 1).
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float sv = (vmask >> (2 * nb + (e & 1))) & 1u ? s[4 * nb + e] * p.scale_log2 : -INFINITY;
+            s[4 * nb + e] = sv;
+            mx[e >> 1] = fmaxf(mx[e >> 1], sv);
+          }
+        float mu[2], alpha[2];
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          mx[jj] = fmaxf(mx[jj], __shfl_xor_sync(0xffffffffu, mx[jj], 1));
+          mx[jj] = fmaxf(mx[jj], __shfl_xor_sync(0xffffffffu, mx[jj], 2));
+          const float mn = fmaxf(m[jj], mx[jj]);
+          mu[jj] = mn == -INFINITY ? 0.f : mn;
+          alpha[jj] = exp2_ftz(m[jj] - mu[jj]);
+          l[jj] *= alpha[jj];
+          m[jj] = mn;
+        }
+        // P in the A-operand layout of m64nNk16: k step ks takes rows 16 ks .. 16 ks + 15, i.e. the
+        // accumulator pairs of column blocks 2 ks and 2 ks + 1.
+        std::uint32_t pa[16];
+        float sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+          const float p0 = exp2_ftz(s[4 * nb] - mu[0]), p1 = exp2_ftz(s[4 * nb + 1] - mu[0]);
+          const float p2 = exp2_ftz(s[4 * nb + 2] - mu[1]), p3 = exp2_ftz(s[4 * nb + 3] - mu[1]);
+          sum[0] += p0 + p1;
+          sum[1] += p2 + p3;
+          pa[2 * nb] = pack_bf16x2(p0, p1);
+          pa[2 * nb + 1] = pack_bf16x2(p2, p3);
+        }
+        l[0] += sum[0];
+        l[1] += sum[1];
+        // Hand P and the rescale factors to the PV warpgroup. Free to overwrite: X_READY of tile j
+        // above came after the PV warpgroup's PV of tile j - 1, the last reader of P and alpha.
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+          *reinterpret_cast<std::uint32_t*>(pst + 128 * nb) = pa[2 * nb];
+          *reinterpret_cast<std::uint32_t*>(pst + kWsPSbo + 128 * nb) = pa[2 * nb + 1];
+        }
+        fence_proxy_async();  // P is read by wgmma (async proxy); alpha by plain loads, stored after
+        As[ct] = make_float2(alpha[0], alpha[1]);
+        handoff(kBarPReady);
+#pragma unroll
+        for (int nb = 0; nb < 32; ++nb) {
+          o[4 * nb + 0] *= alpha[0];
+          o[4 * nb + 1] *= alpha[0];
+          o[4 * nb + 2] *= alpha[1];
+          o[4 * nb + 3] *= alpha[1];
+        }
+        TL(tl::c_pv_start + (j & 3), tid == 0 && j < 4);
+        {
+          // O[:, 0 .. 255] += P V (4 x wgmma m64n256k16, A = P from registers, B = the K tile read
+          // MN-major).
+          const std::uint64_t v_desc = launder(wgmma_desc(Kt, kWgRowSbo, 128));
+          wgmma_fence();
+#pragma unroll
+          for (int ks = 0; ks < kTileRows / 16; ++ks) {
+#ifndef GRAPHSAFE_DS4_TL_NO_PV  // diagnostics build only: time the tile loop without PV
+            const std::uint64_t vd = v_desc + ks * ((2 * kWgRowSbo) >> 4);
+            wgmma_m64n128k16_rs_tb(o_lo, pa[4 * ks], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3], vd);
+            wgmma_m64n128k16_rs_tb(o_hi, pa[4 * ks], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3], vd + kPvHalf);
+#endif
+          }
+          wgmma_commit();
+          wgmma_wait<0>();
+        }
+        TL(tl::pv_done + (j & 7), tid == 0);
+        if (j + 2 < n) bar_arrive(kBarEmpty0 + st, kWsThreads);  // the producers refill this stage
+      }
+      // The row sum is a quad sum; (m, l) go to the PV warpgroup's thread with the same rows.
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
-        mx[jj] = fmaxf(mx[jj], __shfl_xor_sync(0xffffffffu, mx[jj], 1));
-        mx[jj] = fmaxf(mx[jj], __shfl_xor_sync(0xffffffffu, mx[jj], 2));
-        const float mn = fmaxf(m[jj], mx[jj]);
-        mu[jj] = mn == -INFINITY ? 0.f : mn;
-        alpha[jj] = exp2_ftz(m[jj] - mu[jj]);
-        l[jj] *= alpha[jj];
-        m[jj] = mn;
+        l[jj] += __shfl_xor_sync(0xffffffffu, l[jj], 1);
+        l[jj] += __shfl_xor_sync(0xffffffffu, l[jj], 2);
       }
-      // P in the A-operand layout of m64nNk16: k step ks takes rows 16 ks .. 16 ks + 15, i.e. the
-      // accumulator pairs of column blocks 2 ks and 2 ks + 1.
-      std::uint32_t pa[16];
-      float sum[2] = {0.f, 0.f};
+      MLs[ct] = make_float4(m[0], m[1], l[0], l[1]);
+      bar_sync(kBarQ, kWsConsumers);
+    } else {
+      // ---- PV warpgroup: O[:, 256 .. 511] += P V, P and the rescale factors from the math warpgroup
+      const std::uint64_t p_desc = wgmma_desc(Ps, 128, kWsPSbo);
+      for (int j = 0; j < n; ++j) {
+        const int st = j & 1;
+        bar_sync(kBarFull0 + st, kWsThreads);
+        const std::uint8_t* Kt = Ks + st * kWgKBytes;
+        {
+          float sp[32];
+          s_half(sp, Kt, 1);
+          // Free to overwrite: P_READY of tile j - 1 (waited for before this warpgroup's PV of
+          // tile j - 1) came after the math warpgroup read the partial of tile j - 1.
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb) {
-        const float p0 = exp2_ftz(s[4 * nb] - mu[0]), p1 = exp2_ftz(s[4 * nb + 1] - mu[0]);
-        const float p2 = exp2_ftz(s[4 * nb + 2] - mu[1]), p3 = exp2_ftz(s[4 * nb + 3] - mu[1]);
-        sum[0] += p0 + p1;
-        sum[1] += p2 + p3;
-        pa[2 * nb] = pack_bf16x2(p0, p1);
-        pa[2 * nb + 1] = pack_bf16x2(p2, p3);
-      }
-      l[0] += sum[0];
-      l[1] += sum[1];
+          for (int i = 0; i < 8; ++i) Xs[i * 128 + ct] = make_float4(sp[4 * i], sp[4 * i + 1], sp[4 * i + 2], sp[4 * i + 3]);
+          handoff(kBarXReady);
+        }
+        bar_sync(kBarPReady, kWsConsumers);
+        const float2 a = As[ct];
 #pragma unroll
-      for (int nb = 0; nb < 32; ++nb) {
-        o[4 * nb + 0] *= alpha[0];
-        o[4 * nb + 1] *= alpha[0];
-        o[4 * nb + 2] *= alpha[1];
-        o[4 * nb + 3] *= alpha[1];
-      }
-      TL(tl::c_pv_start + (j & 3), tid == 0 && j < 4);
-
-      {
-        // O[:, 256 c .. 256 c + 255] += P V (4 x wgmma m64n256k16, A = P from registers, B = the
-        // K tile read MN-major).
-        const std::uint64_t v_desc = launder(wgmma_desc(Kt + c * 32 * 128, kWgRowSbo, 128));
-        wgmma_fence();
+        for (int nb = 0; nb < 32; ++nb) {
+          o[4 * nb + 0] *= a.x;
+          o[4 * nb + 1] *= a.x;
+          o[4 * nb + 2] *= a.y;
+          o[4 * nb + 3] *= a.y;
+        }
+        {
+          const std::uint64_t v_desc = launder(wgmma_desc(Kt + 32 * 128, kWgRowSbo, 128));
+          wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < kTileRows / 16; ++ks)
-#ifndef GRAPHSAFE_DS4_TL_NO_PV  // diagnostics build only: time the tile loop without PV
-          wgmma_m64n256k16_rs_tb(o, pa[4 * ks], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3],
-                                 v_desc + ks * ((2 * kWgRowSbo) >> 4));
+          for (int ks = 0; ks < kTileRows / 16; ++ks) {
+#ifndef GRAPHSAFE_DS4_TL_NO_PV
+            const std::uint64_t vd = v_desc + ks * ((2 * kWgRowSbo) >> 4);
+            wgmma_m64n128k16_tb(o_lo, p_desc + ks * 16, vd);
+            wgmma_m64n128k16_tb(o_hi, p_desc + ks * 16, vd + kPvHalf);
 #endif
-        wgmma_commit();
-        wgmma_wait<0>();
+          }
+          wgmma_commit();
+          wgmma_wait<0>();
+        }
+        if (j + 2 < n) bar_arrive(kBarEmpty0 + st, kWsThreads);  // the producers refill this stage
       }
-      TL(tl::pv_done + (j & 7), tid == 0);
-      if (j + 2 < n) bar_arrive(kBarEmpty0 + st, kWsThreads);  // the producer refills this stage
-    }
-    // Both warpgroups hold the same m and l (same S, same softmax): the row sum is a quad sum.
-#pragma unroll
-    for (int jj = 0; jj < 2; ++jj) {
-      l[jj] += __shfl_xor_sync(0xffffffffu, l[jj], 1);
-      l[jj] += __shfl_xor_sync(0xffffffffu, l[jj], 2);
+      bar_sync(kBarQ, kWsConsumers);
+      const float4 ml = MLs[ct];
+      m[0] = ml.x;
+      m[1] = ml.y;
+      l[0] = ml.z;
+      l[1] = ml.w;
     }
     TL(tl::loop_end, tid == 0);
   }
@@ -913,6 +1035,106 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     // 256 / nthr * k: the values pushed by the threads with index lm, i.e. heads g[0], g[1] and
     // dims d, d + 1 (o[]'s mapping for warp mw of a warpgroup mc). The sinks are loaded now, so
     // their latency is spent in the barriers.
+#ifdef GRAPHSAFE_DS4_MERGE_GENERIC  // comparison builds only: every cluster size through the generic merge
+    if (false) {
+#else
+    if (nr == 2) {
+#endif
+      // Two ranks (the C4 / C128 / C1 default): rank r owns heads [32 r, 32 r + 32), i.e. warps
+      // 2r, 2r + 1 of each consumer warpgroup, which keep their O in registers; only the other
+      // warps push (64 KB per CTA, into the peer's single receive slot), and each owner thread
+      // merges its own values with the peer thread's of the same layout (same li). Compared with
+      // every rank storing all of O into shared memory and all threads merging from there, this
+      // drops 64 KB of local stores and 64 KB of loads per CTA. Same arithmetic as
+      // combine_splits_kernel, ranks in split order.
+      const bool mine = owner == rank;
+      float sk[2] = {-INFINITY, -INFINITY};
+      if (mine && p.sink != nullptr) {
+        sk[0] = p.sink[head0 + hrow[0]] * kLog2e;
+        sk[1] = p.sink[head0 + hrow[1]] * kLog2e;
+      }
+      cluster.sync();  // A: the peer is done with its Q / K area
+      TL(tl::cluster_a, tid == 0);
+      if (!mine) {
+        float4* dst = cluster.map_shared_rank(recv, owner) + li;
+#pragma unroll
+        for (int e = 0; e < 32; ++e) dst[e * 128] = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
+        if (c == 0 && (lane & 3) == 0) {
+          float* dml = cluster.map_shared_rank(mlr, owner);
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) { dml[hrow[jj] * 2] = m[jj]; dml[hrow[jj] * 2 + 1] = l[jj]; }
+        }
+      }
+      cluster.sync();  // B: the peer's values landed
+      TL(tl::cluster_b, tid == 0);
+      if (mine) {
+        float w0[2], w1[2], inv[2];
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const float mp = mlr[hrow[jj] * 2], lp = mlr[hrow[jj] * 2 + 1];
+          const float m0 = rank == 0 ? m[jj] : mp, l0 = rank == 0 ? l[jj] : lp;
+          const float m1 = rank == 0 ? mp : m[jj], l1 = rank == 0 ? lp : l[jj];
+          float M = -INFINITY, L = 0.f;
+          if (l0 > 0.f) M = fmaxf(M, m0);
+          if (l1 > 0.f) M = fmaxf(M, m1);
+          w0[jj] = l0 > 0.f ? exp2f(m0 - M) : 0.f;
+          w1[jj] = l1 > 0.f ? exp2f(m1 - M) : 0.f;
+          if (l0 > 0.f) L = __fmaf_rn(l0, w0[jj], L);
+          if (l1 > 0.f) L = __fmaf_rn(l1, w1[jj], L);
+          inv[jj] = 0.f;
+          if (L > 0.f) inv[jj] = 1.f / (L + exp2f(sk[jj] - M));  // no sink: exp2(-inf) = 0
+        }
+        TLDEP(tl::merge_weights, tid == 0, __float_as_uint(inv[1]));
+        // Stage row stride 1040 B: a warp's 4-byte stores (8 heads x 4 column pairs) fall in
+        // distinct banks.
+        std::uint8_t* s0 = stage + (hrow[0] - rank * 32) * kWsOutStride + (c * 256 + qc) * 2;
+        std::uint8_t* s1 = s0 + 8 * kWsOutStride;
+        // Batches of 8 received values, all loaded before the batch's first stage store (the
+        // compiler does not move shared loads above shared stores it cannot disambiguate: one
+        // load latency per value otherwise, 1.6 us for the loop in session 7's timeline), and the
+        // rank as a compile-time value (no selects in the loop). Fully unrolled: o[] is indexed
+        // by e (a rolled loop would put O in local memory).
+        auto merge = [&](auto rank_is_0) {
+#pragma unroll
+          for (int e0 = 0; e0 < 32; e0 += 8) {
+            float4 v[8];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v[k] = recv[(e0 + k) * 128 + li];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+              const int e = e0 + k;
+              const float4 own = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
+              const float4 x0 = decltype(rank_is_0)::value ? own : v[k], x1 = decltype(rank_is_0)::value ? v[k] : own;
+              float4 a;
+              a.x = __fmaf_rn(x1.x, w1[0], __fmaf_rn(x0.x, w0[0], 0.f));
+              a.y = __fmaf_rn(x1.y, w1[0], __fmaf_rn(x0.y, w0[0], 0.f));
+              a.z = __fmaf_rn(x1.z, w1[1], __fmaf_rn(x0.z, w0[1], 0.f));
+              a.w = __fmaf_rn(x1.w, w1[1], __fmaf_rn(x0.w, w0[1], 0.f));
+              *reinterpret_cast<std::uint32_t*>(s0 + e * 16) = pack_bf16x2(a.x * inv[0], a.y * inv[0]);
+              *reinterpret_cast<std::uint32_t*>(s1 + e * 16) = pack_bf16x2(a.z * inv[1], a.w * inv[1]);
+            }
+          }
+        };
+        if (rank == 0)
+          merge(std::true_type{});
+        else
+          merge(std::false_type{});
+      }
+      TL(tl::merged, tid == 0);
+      bar_sync(kBarOut, kWsConsumers);
+      TL(tl::staged, tid == 0);
+      uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + rank * 32) * kHeadDim);
+#pragma unroll 4
+      for (int i = tid; i < 32 * kHeadDim / 8; i += kWsConsumers)
+        gout[i] = *reinterpret_cast<const uint4*>(stage + (i >> 6) * kWsOutStride + (i & 63) * 16);
+#ifdef GRAPHSAFE_DS4_TIMELINE
+      if (tid == 0 && tl_rec < tl::kMaxRecords) {
+        g_tl[tl_rec * kTlSlots + tl::clock_exit] = tl_clock();
+        g_tl[tl_rec * kTlSlots + tl::gtime_exit] = tl_gtime();
+      }
+#endif
+      return;
+    }
     const int lm = tid % nthr, e0 = tid / nthr, estep = kWsConsumers / nthr;
     const int mc = lm / (per * 32), mw = rank * per + (lm / 32) % per, ml = lm % 32;
     const int g[2] = {16 * mw + (ml >> 2), 16 * mw + (ml >> 2) + 8};
