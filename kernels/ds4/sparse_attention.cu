@@ -31,13 +31,13 @@
 // same order they produce bitwise identical output (checked by the tests and the benchmark).
 //
 // Measured on one H200 (bench/ds4_attention_bench.cu, B=64, H=64, 43 layers, graph replay; see
-// docs/benchmarks.md): ws C4 ~26.8 us/layer, C128 ~25.5, C1 ~13.7 -- 3.3-4.6x the physical
+// docs/benchmarks.md): ws C4 ~26.6 us/layer, C128 ~25.4, C1 ~13.4 -- 3.3-4.5x the physical
 // bound. Where the time goes at C4 (timeline build, -DGRAPHSAFE_DS4_TIMELINE, CTAs with 5 tiles;
 // bench/results/ds4_ws_session7_h200.txt): ~3.0 us before the first tile (queries and the first
 // rows come from HBM, all CTAs at once), ~2.7 us per 64-row tile set by the consumers (own S half
 // 1.2, partial wait 0.3, softmax + handoff 0.5, PV 0.45; the producer waits for EMPTY), and
-// ~4.4 us of split merge (waiting for the peer 0.7, DSMEM push of 64 KB of fp32 partials 2.1, the
-// merge and the output 1.6).
+// ~4.1 us of split merge (waiting for the peer 0.7, st.async push of 64 KB of fp32 partials into
+// the peer 1.7, the merge and the output 1.7).
 
 #include <graphsafe/ds4/detail/timeline.hpp>
 #include <graphsafe/ds4/kernels.hpp>
@@ -786,8 +786,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     // The producers never rejoin the consumers' code (their register budget is smaller): they take
     // part in the cluster merge's barriers here and leave.
     if (p.cluster) {  // barriers A and B of the merge
-      cg::this_cluster().sync();
-      cg::this_cluster().sync();
+      cg::cluster_group cluster = cg::this_cluster();
+      cluster.sync();
+      if (cluster.num_blocks() != 2) cluster.sync();  // the two-rank merge has no barrier B
     }
     return;
   }
@@ -1053,19 +1054,30 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         sk[0] = p.sink[head0 + hrow[0]] * kLog2e;
         sk[1] = p.sink[head0 + hrow[1]] * kLog2e;
       }
-      cluster.sync();  // A: the peer is done with its Q / K area
+      // The push is st.async into the peer, counted by the peer's merge_bar (one arrival, the
+      // expect_tx, + the 65,792 pushed bytes): no barrier B with its release fence and its wait
+      // for every thread of both CTAs; only the owners wait, for their own bytes (timeline,
+      // session 7: push 2.08 -> 1.74 us; C4 26.8 -> 26.6 us per layer). merge_bar is initialized
+      // before barrier A, which orders it before every other use (the peer's st.async, the
+      // expect_tx, the waits; a transaction count may go below zero before the expect_tx).
+      __shared__ alignas(8) std::uint64_t merge_bar;
+      if (tid == 0) mbar_init(&merge_bar, 1);
+      cluster.sync();  // A: the peer is done with its Q / K area (and its merge_bar is initialized)
       TL(tl::cluster_a, tid == 0);
+      if (tid == 0) mbar_arrive_expect_tx(&merge_bar, 32 * 128 * 16 + 16 * 2 * 8);
       if (!mine) {
-        float4* dst = cluster.map_shared_rank(recv, owner) + li;
+        const std::uint32_t rbar = mapa_u32(&merge_bar, owner);
+        const std::uint32_t dst = mapa_u32(recv + li, owner);
 #pragma unroll
-        for (int e = 0; e < 32; ++e) dst[e * 128] = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
+        for (int e = 0; e < 32; ++e) st_async_v4(dst + e * 128 * 16, make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]), rbar);
         if (c == 0 && (lane & 3) == 0) {
-          float* dml = cluster.map_shared_rank(mlr, owner);
+          const std::uint32_t dml = mapa_u32(mlr, owner);
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj) { dml[hrow[jj] * 2] = m[jj]; dml[hrow[jj] * 2 + 1] = l[jj]; }
+          for (int jj = 0; jj < 2; ++jj) st_async_v2(dml + hrow[jj] * 8, m[jj], l[jj], rbar);
         }
+      } else {
+        mbar_wait_cluster(&merge_bar, 0);
       }
-      cluster.sync();  // B: the peer's values landed
       TL(tl::cluster_b, tid == 0);
       if (mine) {
         float w0[2], w1[2], inv[2];
