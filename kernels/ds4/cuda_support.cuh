@@ -2,6 +2,7 @@
 // fp8_ds_mla addressing. Not installed.
 #pragma once
 
+#include <graphsafe/ds4/detail/cache_view.hpp>
 #include <graphsafe/ds4/layout.hpp>
 
 #include <cuda_bf16.h>
@@ -161,63 +162,6 @@ __device__ __forceinline__ void dequant16(const uint4& w, unsigned scale_byte, u
   const __nv_bfloat162 m2 = *reinterpret_cast<const __nv_bfloat162*>(&f2);
   lo = make_uint4(bf16x2_bits_mul(lo.x, m2), bf16x2_bits_mul(lo.y, m2), bf16x2_bits_mul(lo.z, m2), bf16x2_bits_mul(lo.w, m2));
   hi = make_uint4(bf16x2_bits_mul(hi.x, m2), bf16x2_bits_mul(hi.y, m2), bf16x2_bits_mul(hi.z, m2), bf16x2_bits_mul(hi.w, m2));
-}
-
-// Byte address of a token's data / scales in a paged cache.
-// slots = num_blocks * block_tokens and shift = log2(block_tokens) (-1 if not a power of two) are
-// precomputed on the host (view_of): a 32-bit division by a runtime value is ~20 instructions, and
-// every DS4 block size (64 SWA tokens, 64 / 2 compressed entries) is a power of two. (On the H200
-// the attention producer's per-row division measured no different from the shift, session 7: the
-// producer is no longer the tile loop's limit.)
-struct CacheView {
-  const std::uint8_t* base;
-  int block_tokens;
-  int num_blocks;
-  unsigned long long stride;
-  int slots;
-  int shift;
-  __device__ __forceinline__ bool valid(long long slot) const { return slot >= 0 && slot < slots; }
-  // Slots are < num_blocks * block_tokens < 2^31 (checked by require_cache): 32-bit div/mod.
-  __device__ __forceinline__ void split(long long slot, unsigned& blk, unsigned& off) const {
-    const unsigned s = static_cast<unsigned>(slot), bt = static_cast<unsigned>(block_tokens);
-    if (shift >= 0) {
-      blk = s >> shift;
-      off = s & (bt - 1u);
-    } else {
-      blk = s / bt;
-      off = s - blk * bt;
-    }
-  }
-  __device__ __forceinline__ const std::uint8_t* data(long long slot) const {
-    unsigned blk, off;
-    split(slot, blk, off);
-    return base + static_cast<unsigned long long>(blk) * stride + off * static_cast<unsigned>(kTokenDataBytes);
-  }
-  // Both addresses of a valid slot from one split (the producer's per-row hot path).
-  __device__ __forceinline__ void locate(long long slot, const std::uint8_t*& d, const std::uint8_t*& sc) const {
-    unsigned blk, off;
-    split(slot, blk, off);
-    const std::uint8_t* blk_base = base + static_cast<unsigned long long>(blk) * stride;
-    d = blk_base + off * static_cast<unsigned>(kTokenDataBytes);
-    sc = blk_base + static_cast<unsigned>(block_tokens) * static_cast<unsigned>(kTokenDataBytes) +
-         off * static_cast<unsigned>(kTokenScaleBytes);
-  }
-  __device__ __forceinline__ const std::uint8_t* scales(long long slot) const {
-    unsigned blk, off;
-    split(slot, blk, off);
-    return base + static_cast<unsigned long long>(blk) * stride +
-           static_cast<unsigned>(block_tokens) * static_cast<unsigned>(kTokenDataBytes) +
-           off * static_cast<unsigned>(kTokenScaleBytes);
-  }
-};
-inline CacheView view_of(const PagedCache& c) {
-  int shift = -1;
-  if (c.block_tokens > 0 && (c.block_tokens & (c.block_tokens - 1)) == 0) {
-    shift = 0;
-    while ((1 << shift) < c.block_tokens) ++shift;
-  }
-  return {c.base, c.block_tokens, c.num_blocks, static_cast<unsigned long long>(c.stride),
-          static_cast<int>(static_cast<long long>(c.num_blocks) * c.block_tokens), shift};
 }
 
 // ---- quantization (twin of ref::ue8m0_exponent / ref::quantize_insert, bit-identical)

@@ -4,6 +4,7 @@
 // Tiny shapes (SPEC.md 7.3): B = 2, H = 4, W = 4, K = 8, max_model_len = 512, SWA blocks of 16.
 #include <catch2/catch.hpp>
 
+#include <graphsafe/ds4/detail/cache_view.hpp>
 #include <graphsafe/ds4/layout.hpp>
 #include <graphsafe/ds4/problem.hpp>
 #include <graphsafe/ds4/reference.hpp>
@@ -260,6 +261,50 @@ TEST_CASE("ue8m0 exponent: hand values and the defining inequality", "[ds4][quan
     REQUIRE(448.0 * std::exp2(e - 1) < a);
     REQUIRE(a <= 448.0 * std::exp2(e));
   }
+}
+
+// The kernels' slot -> address arithmetic (shift for power-of-two blocks, division otherwise)
+// against layout.hpp's offsets computed with / and %. The GPU tests use power-of-two blocks only.
+TEST_CASE("CacheView (the kernels' addressing) matches layout.hpp for every block size", "[ds4][quant]") {
+  using graphsafe::ds4::cuda::detail::CacheView;
+  using graphsafe::ds4::cuda::detail::view_of;
+  static std::uint8_t arena[1];  // addresses are compared, never dereferenced
+  for (const int bt : {1, 2, 3, 5, 12, 16, 48, 63, 64, 100, 128, 256}) {
+    const int nb = 37;
+    ds4::PagedCache c{arena, bt, nb, ds4::block_stride_bytes(bt)};
+    const CacheView v = view_of(c);
+    const bool pow2 = (bt & (bt - 1)) == 0;
+    INFO("block_tokens = " << bt);
+    CHECK(v.slots == nb * bt);
+    CHECK((v.shift >= 0) == pow2);
+    if (pow2) CHECK((1 << v.shift) == bt);
+    for (long long slot = 0; slot < static_cast<long long>(nb) * bt; ++slot) {
+      const auto blk = static_cast<std::size_t>(slot / bt);
+      const int off = static_cast<int>(slot % bt);
+      const std::uint8_t* want_d = arena + blk * c.stride + ds4::token_data_offset(bt, off);
+      const std::uint8_t* want_s = arena + blk * c.stride + ds4::token_scale_offset(bt, off);
+      const std::uint8_t *d, *sc;
+      v.locate(slot, d, sc);
+      REQUIRE(v.valid(slot));
+      REQUIRE(d == want_d);
+      REQUIRE(sc == want_s);
+      REQUIRE(v.data(slot) == want_d);
+      REQUIRE(v.scales(slot) == want_s);
+    }
+    for (const long long bad : {-1LL, -2147483648LL, static_cast<long long>(nb) * bt, 1LL << 40}) {
+      INFO("slot = " << bad);
+      CHECK_FALSE(v.valid(bad));
+    }
+  }
+  // The largest cache require_cache admits (2^31 - 1 slots would not be a block multiple): the
+  // slot count and the last slot's block stay exact in 32 bits.
+  ds4::PagedCache big{arena, 64, (1 << 25) - 1, ds4::block_stride_bytes(64)};
+  const CacheView v = view_of(big);
+  CHECK(v.slots == 64 * ((1 << 25) - 1));
+  const std::uint8_t *d, *sc;
+  v.locate(v.slots - 1, d, sc);
+  CHECK(d == arena + static_cast<std::size_t>((1 << 25) - 2) * big.stride + ds4::token_data_offset(64, 63));
+  CHECK_FALSE(v.valid(v.slots));
 }
 
 TEST_CASE("fp8_ds_mla: exact byte layout of one inserted token", "[ds4][quant]") {

@@ -501,6 +501,29 @@ TEST_CASE("sparse attention (paged-direct and gather path) matches ref::sparse_a
   CHECK(cases == 6);
 }
 
+// Every DS4 block size is a power of two, so the kernels locate rows with a shift; a cache with
+// other block sizes takes the division path (CacheView; its arithmetic is checked on the CPU in
+// test_ds4_reference). This runs it on the GPU: SWA blocks of 24 and 5 tokens.
+TEST_CASE("sparse attention: SWA blocks of a size that is not a power of two", "[ds4][attention]") {
+  const std::vector<std::int32_t> lens = {1, 7, 130, 700, 2049};
+  for (const int bt : {24, 5})
+    for (const int ratio : {1, 4}) {
+      ds4::LayerConfig cfg;
+      cfg.ratio = ratio; cfg.window = 128; cfg.topk = 512; cfg.heads = 64; cfg.max_model_len = 4096;
+      cfg.swa_block_tokens = bt;
+      auto p = ds4::make_problem(cfg, lens, 77 + bt + ratio, ds4::Picks::random);
+      std::vector<float> want(static_cast<std::size_t>(p.batch) * 64 * 512);
+      ds4::ref::sparse_attention(p, want.data());
+      bool exact = false;
+      const AttnRun r = run_attention(p, 2, nullptr, &exact);
+      const ErrStats a = compare_attention(r.paged, want, p.batch, 64);
+      INFO("swa_block_tokens " << bt << ", ratio " << ratio << ": paged max rel " << a.max_rel);
+      CHECK(a.max_rel <= 1e-2);
+      CHECK(a.bad_zero == 0);
+      CHECK(exact);
+    }
+}
+
 TEST_CASE("sparse attention: small batch with a Pro-like C4 (K = 1024, H = 128) and last-K picks", "[ds4][attention][pro]") {
   ds4::LayerConfig cfg;
   cfg.ratio = 4; cfg.window = 128; cfg.topk = 1024; cfg.heads = 128; cfg.max_model_len = 8192;
