@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call for DS4 attention kernel work (H200): build the attention benchmark in several
-# variants, run the DS4 GPU tests on the default build, time every variant in the same run, and
+# variants, run the DS4 GPU tests on the default build (the attention ones also through the
+# mma_sync engine and the scratch + combine merge), time every variant in the same run, and
 # optionally take a timeline or an ncu profile. Everything lands in $OUT; the last lines are a table.
 # Exits non-zero if a build, test, sanitizer run or benchmark failed (the table says which).
 #
@@ -63,6 +64,16 @@ for v in $VARIANTS; do
       tail -n 3 "$OUT/$t.log"
       TABLE+=("test $t: rc $rc $(grep -E 'test cases|All tests passed' "$OUT/$t.log" | tail -1)")
       [ $rc -eq 0 ] || fail "test $t"
+    done
+    # The attention tests again through the other engine and through the scratch + combine merge
+    # (both read the caches through the same CacheView; ctest runs the first as
+    # test_ds4_kernels_mma_sync).
+    for envv in GRAPHSAFE_DS4_ATTENTION=mma_sync GRAPHSAFE_DS4_CLUSTER=0; do
+      say "test test_ds4_kernels [attention] with $envv"
+      env "$envv" timeout 300 "$dir/tests/gpu/test_ds4_kernels" "[attention]" >"$OUT/test_ds4_kernels.${envv%%=*}.log" 2>&1
+      rc=$?
+      TABLE+=("test test_ds4_kernels [attention] $envv: rc $rc $(grep -E 'test cases|All tests passed' "$OUT/test_ds4_kernels.${envv%%=*}.log" | tail -1)")
+      [ $rc -eq 0 ] || fail "test test_ds4_kernels [attention] $envv"
     done
     if [ "${SANITIZE:-0}" = 1 ]; then
       for tool in memcheck racecheck; do

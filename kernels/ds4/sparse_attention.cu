@@ -812,17 +812,26 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     float (&o_lo)[64] = *reinterpret_cast<float(*)[64]>(o);
     float (&o_hi)[64] = *reinterpret_cast<float(*)[64]>(o + 64);
     constexpr std::uint64_t kPvHalf = (16 * 128) >> 4;  // descriptor step: 128 dims = 16 core-matrix columns
-    // Partial scores of all 64 rows over dims [256 h, 256 h + 256): 16 x wgmma m64n64k16, A = Q,
-    // B = K rows, both K-major; running descriptors (laundered each step: all 32 precomputed would
-    // take 64 registers).
-    auto s_half = [&](float (&sp)[32], const std::uint8_t* Kt, int h) {
+    // Partial scores of all 64 rows over k steps [first, first + steps) of 16 dims (wgmma
+    // m64n64k16, A = Q, B = K rows, both K-major); running descriptors (laundered each step: all
+    // 32 precomputed would take 64 registers). The math warpgroup takes steps [0, kMathSteps), the
+    // PV warpgroup the rest. GRAPHSAFE_DS4_S_MATH_STEPS (comparison builds; default 16, the even
+    // split) moves the boundary: the math warpgroup waits ~0.27 us per tile for the other partial
+    // (timeline, session 7), which a shorter PV-side chain could hide. Not measured yet.
+#ifndef GRAPHSAFE_DS4_S_MATH_STEPS
+#define GRAPHSAFE_DS4_S_MATH_STEPS 16
+#endif
+    constexpr int kMathSteps = GRAPHSAFE_DS4_S_MATH_STEPS;
+    static_assert(kMathSteps >= 1 && kMathSteps < kHeadDim / 16, "S split: both warpgroups need k steps");
+    auto s_part = [&](float (&sp)[32], const std::uint8_t* Kt, auto first_c, auto steps_c) {
+      constexpr int first = decltype(first_c)::value, steps = decltype(steps_c)::value;
 #pragma unroll
       for (int e = 0; e < 32; ++e) sp[e] = 0.f;
-      std::uint64_t k_desc = wgmma_desc(Kt + h * 32 * 128, 128, kWgRowSbo);
-      std::uint64_t q_desc = wgmma_desc(Qs + h * 32 * 128, 128, kWgRowSbo);
+      std::uint64_t k_desc = wgmma_desc(Kt + first * 256, 128, kWgRowSbo);
+      std::uint64_t q_desc = wgmma_desc(Qs + first * 256, 128, kWgRowSbo);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 32; ++kk) {
+      for (int kk = 0; kk < steps; ++kk) {
 #ifndef GRAPHSAFE_DS4_TL_NO_S  // diagnostics build only: time the tile loop without S
         wgmma_m64n64k16(sp, q_desc, k_desc, kk > 0 ? 1 : 0);
 #endif
@@ -832,6 +841,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       wgmma_commit();
       wgmma_wait<0>();
     };
+    using MathFirst = std::integral_constant<int, 0>;
+    using MathSteps = std::integral_constant<int, kMathSteps>;
+    using PvFirst = std::integral_constant<int, kMathSteps>;
+    using PvSteps = std::integral_constant<int, kHeadDim / 16 - kMathSteps>;
     // The side that hands a buffer over waits too (bar.sync, not bar.arrive): with bar.arrive,
     // compute-sanitizer racecheck reported hazards on the rescale factors (As) handed from the math
     // warpgroup to the PV warpgroup (session 6); with bar.sync on both sides racecheck is clean
@@ -860,7 +873,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         // independent wgmma chains: one chain of 32 m64n64k16 took 1.9 us per tile on the H200, the
         // tensor pipe waiting on each step's accumulator), then S = own + its partial.
         float s[32];
-        s_half(s, Kt, 0);
+        s_part(s, Kt, MathFirst{}, MathSteps{});
         TL(tl::s_done + (j & 7), tid == 0);
         bar_sync(kBarXReady, kWsConsumers);
 #pragma unroll
@@ -963,7 +976,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         const std::uint8_t* Kt = Ks + st * kWgKBytes;
         {
           float sp[32];
-          s_half(sp, Kt, 1);
+          s_part(sp, Kt, PvFirst{}, PvSteps{});
           // Free to overwrite: P_READY of tile j - 1 (waited for before this warpgroup's PV of
           // tile j - 1) came after the math warpgroup read the partial of tile j - 1.
 #pragma unroll
