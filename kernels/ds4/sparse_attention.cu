@@ -99,9 +99,11 @@ struct KParams {
   const std::int32_t *idx, *lens;
   int width;
   int cluster;       // wgmma kernel: 1 = the splits of a (request, head group) form a cluster
-  int probe;         // ws kernel, diagnostics only (GRAPHSAFE_DS4_WS_PROBE=1: no row loads). No MMA-skip
-                     // probe any more: a runtime branch around wgmma made ptxas inject a
-                     // warpgroup.arrive before every wgmma (C7519), serializing the shipped kernel.
+  int probe;         // ws kernel, diagnostics only (GRAPHSAFE_DS4_WS_PROBE=1: no cache rows; the
+                     // paged producer reads its zero row instead, L1 hits, since session 7; the
+                     // workspace producer skips the loads). No MMA-skip probe any more: a runtime
+                     // branch around wgmma made ptxas inject a warpgroup.arrive before every wgmma
+                     // (C7519), serializing the shipped kernel.
 };
 
 template <bool kPaged>
