@@ -8,7 +8,9 @@
 #   OUT=/tmp/out VARIANTS="base: pdl0:-DSOMETHING" TESTS=1 TL=1 NCU=1 bash bench/ds4_iterate.sh
 #
 # VARIANTS: space-separated name:CUDA_FLAGS (flags comma-separated, e.g. "x:-DA=1,-DB"); the first
-#   is the default build (build/), which also builds the tests when TESTS=1. BENCH_ARGS: extra
+#   is the default build (build/), which also builds the tests when TESTS=1. name@file.patch:FLAGS
+#   builds that variant from a copy of the tree with the patch applied (e.g. the kept experiments in
+#   bench/results/*.patch beside the unpatched tree, in one run). BENCH_ARGS: extra
 #   arguments of ds4_attention_bench (default "--types c4,c128,c1 --reps 5"). TL=1: a timeline build
 #   (-DGRAPHSAFE_DS4_TIMELINE) of the first variant, C4. NCU=1: ncu of one paged ws launch at C4
 #   (needs ncu on PATH or under the toolkit). SANITIZE=1: memcheck + racecheck on test_ds4_kernels.
@@ -25,17 +27,30 @@ declare -a TABLE=()
 FAILED=0
 fail() { TABLE+=("FAIL $*"); FAILED=1; }
 FIRST=${VARIANTS%% *}
-dir_of() { [ "$1" = "$FIRST" ] && echo build || echo "build-it-${1%%:*}"; }  # dir_of <variant>
+vname() { local n=${1%%:*}; echo "${n%%@*}"; }                    # vname <variant>: its name
+vpatch() { local n=${1%%:*}; [ "$n" != "${n#*@}" ] && echo "${n#*@}"; true; }  # its patch, if any
+dir_of() { [ "$1" = "$FIRST" ] && echo build || echo "build-it-$(vname "$1")"; }  # dir_of <variant>
+# src_of <variant>: the source tree to build it from (a patched copy for name@file.patch).
+src_of() {
+  local pf src
+  pf=$(vpatch "$1")
+  if [ -z "$pf" ]; then echo "$PWD"; return 0; fi
+  src="/tmp/ds4src-$(vname "$1")"
+  rm -rf "$src" && mkdir -p "$src" &&
+    tar --exclude='./build' --exclude='./build-*' --exclude='./.deps' --exclude='./.git' -cf - . | tar -xf - -C "$src" &&
+    (cd "$src" && git apply "$OLDPWD/$pf") >&2 || return 1
+  echo "$src"
+}
 
 DEB=$(ls .deps/catch2_*.deb 2>/dev/null | head -n 1)
 C2=""
 if [ -n "$DEB" ]; then rm -rf /tmp/c2 && dpkg -x "$DEB" /tmp/c2 && C2=/tmp/c2/usr/lib/cmake/Catch2; fi
 
-build_variant() {  # build_variant <dir> <flags> <tests 0/1>
-  local dir=$1 flags=$2 tests=$3
+build_variant() {  # build_variant <dir> <flags> <tests 0/1> [source tree]
+  local dir=$1 flags=$2 tests=$3 src=${4:-.}
   local tflag=OFF
   [ "$tests" = 1 ] && [ -n "$C2" ] && tflag=ON
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+  cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DGRAPHSAFE_BUILD_TESTS=$tflag -DGRAPHSAFE_BUILD_EXAMPLES=OFF -DGRAPHSAFE_BUILD_CUPTI=OFF \
     ${C2:+-DCatch2_DIR=$C2} "-DCMAKE_CUDA_FLAGS=${flags//,/ }" >"$OUT/cfg.$(basename "$dir").log" 2>&1 || return 1
   local targets=ds4_attention_bench
@@ -44,13 +59,18 @@ build_variant() {  # build_variant <dir> <flags> <tests 0/1>
 }
 
 for v in $VARIANTS; do
-  name=${v%%:*}
+  name=$(vname "$v")
   flags=${v#*:}
   dir=$(dir_of "$v")
   tests=0
   [ "$v" = "$FIRST" ] && tests=${TESTS:-0}
-  say "build $name ($flags)"
-  if build_variant "$dir" "$flags" "$tests"; then
+  say "build $name ($flags)${v%%:*}" | sed "s/)$name@/) + /; s/)$name\$/)/"
+  if ! src=$(src_of "$v"); then
+    echo "PATCH FAILED: $name ($(vpatch "$v"))"
+    fail "$name: patch $(vpatch "$v") does not apply"
+    continue
+  fi
+  if build_variant "$dir" "$flags" "$tests" "$src"; then
     grep -h "spill" "$OUT/build.$(basename "$dir").log" | sort -u | head -5
   else
     echo "BUILD FAILED: $name"; grep -m 20 -E "error" "$OUT/build.$(basename "$dir").log"
@@ -88,7 +108,7 @@ for v in $VARIANTS; do
 done
 
 for v in $VARIANTS; do
-  name=${v%%:*}
+  name=$(vname "$v")
   dir=$(dir_of "$v")
   [ -x "$dir/bench/ds4_attention_bench" ] || continue
   say "bench $name"
@@ -101,7 +121,7 @@ done
 if [ "${TL:-0}" = 1 ]; then
   flags=${FIRST#*:}
   say "timeline build"
-  if build_variant build-tl "$flags,-DGRAPHSAFE_DS4_TIMELINE" 0; then
+  if src=$(src_of "$FIRST") && build_variant build-tl "$flags,-DGRAPHSAFE_DS4_TIMELINE" 0 "$src"; then
     timeout 200 build-tl/bench/ds4_attention_bench --types c4 --reps 3 --layers 43 >"$OUT/timeline.log" 2>&1
     grep -E "n=5|per layer|^C4" "$OUT/timeline.log"
   fi
