@@ -1047,6 +1047,24 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     float* mlr = reinterpret_cast<float*>(smem + 128 * 1024);        // [nr][64][2]
     std::uint8_t* stage = smem + 132 * 1024;                         // [heads][1040 B]: <= 33 KB
     static_assert(132 * 1024 + 32 * kWsOutStride <= kWsSmemBytes, "cluster merge areas exceed the smem");
+    // This rank's heads [rank * heads, +heads) are one contiguous block of the output: once every
+    // consumer has staged its merged values, 16-byte coalesced stores (direct 4-byte stores touched
+    // 8 heads x 16 bytes per warp store; ncu showed them as a quarter of the epilogue's stalls, "LG
+    // throttle"). Both merges end here.
+    auto store_staged = [&](int heads) {  // the two-rank merge passes its 32 as a constant
+      bar_sync(kBarOut, kWsConsumers);
+      TL(tl::staged, tid == 0);
+      uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + rank * heads) * kHeadDim);
+#pragma unroll 4
+      for (int i = tid; i < heads * kHeadDim / 8; i += kWsConsumers)
+        gout[i] = *reinterpret_cast<const uint4*>(stage + (i >> 6) * kWsOutStride + (i & 63) * 16);
+#ifdef GRAPHSAFE_DS4_TIMELINE
+      if (tid == 0 && tl_rec < tl::kMaxRecords) {
+        g_tl[tl_rec * kTlSlots + tl::clock_exit] = tl_clock();
+        g_tl[tl_rec * kTlSlots + tl::gtime_exit] = tl_gtime();
+      }
+#endif
+    };
     // Thread tid will merge float4 column lm = tid % nthr of this rank's slots, rows e = tid / nthr +
     // 256 / nthr * k: the values pushed by the threads with index lm, i.e. heads g[0], g[1] and
     // dims d, d + 1 (o[]'s mapping for warp mw of a warpgroup mc). The sinks are loaded now, so
@@ -1148,18 +1166,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
           merge(std::false_type{});
       }
       TL(tl::merged, tid == 0);
-      bar_sync(kBarOut, kWsConsumers);
-      TL(tl::staged, tid == 0);
-      uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + rank * 32) * kHeadDim);
-#pragma unroll 4
-      for (int i = tid; i < 32 * kHeadDim / 8; i += kWsConsumers)
-        gout[i] = *reinterpret_cast<const uint4*>(stage + (i >> 6) * kWsOutStride + (i & 63) * 16);
-#ifdef GRAPHSAFE_DS4_TIMELINE
-      if (tid == 0 && tl_rec < tl::kMaxRecords) {
-        g_tl[tl_rec * kTlSlots + tl::clock_exit] = tl_clock();
-        g_tl[tl_rec * kTlSlots + tl::gtime_exit] = tl_gtime();
-      }
-#endif
+      store_staged(32);
       return;
     }
     const int lm = tid % nthr, e0 = tid / nthr, estep = kWsConsumers / nthr;
@@ -1241,21 +1248,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
 #ifdef GRAPHSAFE_DS4_TL_MERGE2
     }
 #endif
-    // This rank's heads [rank * heads, +heads) are one contiguous block of the output: 16-byte
-    // coalesced stores (direct 4-byte stores touched 8 heads x 16 bytes per warp store; ncu showed
-    // them as a quarter of the epilogue's stalls, "LG throttle").
-    bar_sync(kBarOut, kWsConsumers);
-    TL(tl::staged, tid == 0);
-    uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + rank * heads) * kHeadDim);
-#pragma unroll 4
-    for (int i = tid; i < heads * kHeadDim / 8; i += kWsConsumers)
-      gout[i] = *reinterpret_cast<const uint4*>(stage + (i >> 6) * kWsOutStride + (i & 63) * 16);
-#ifdef GRAPHSAFE_DS4_TIMELINE
-    if (tid == 0 && tl_rec < tl::kMaxRecords) {
-      g_tl[tl_rec * kTlSlots + tl::clock_exit] = tl_clock();
-      g_tl[tl_rec * kTlSlots + tl::gtime_exit] = tl_gtime();
-    }
-#endif
+    store_staged(heads);
     return;
   }
 
