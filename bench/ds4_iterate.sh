@@ -35,7 +35,7 @@ src_of() {
   local pf src
   pf=$(vpatch "$1")
   if [ -z "$pf" ]; then echo "$PWD"; return 0; fi
-  src="/tmp/ds4src-$(vname "$1")"
+  src="/tmp/ds4src-$(vname "$1")${2:-}"  # $2: a suffix, for a second copy built at the same time
   rm -rf "$src" && mkdir -p "$src" &&
     tar --exclude='./build' --exclude='./build-*' --exclude='./.deps' --exclude='./.git' -cf - . | tar -xf - -C "$src" &&
     (cd "$src" && git apply "$OLDPWD/$pf") >&2 || return 1
@@ -58,24 +58,46 @@ build_variant() {  # build_variant <dir> <flags> <tests 0/1> [source tree]
   ninja -C "$dir" -j"$JOBS" $targets >"$OUT/build.$(basename "$dir").log" 2>&1
 }
 
-for v in $VARIANTS; do
-  name=$(vname "$v")
-  flags=${v#*:}
-  dir=$(dir_of "$v")
-  tests=0
+# build_one <variant>: its build; prints what failed (the caller records it in the table).
+build_one() {
+  local v=$1 name flags dir src
+  name=$(vname "$v"); flags=${v#*:}; dir=$(dir_of "$v")
+  local tests=0
   [ "$v" = "$FIRST" ] && tests=${TESTS:-0}
-  say "build $name ($flags)${v%%:*}" | sed "s/)$name@/) + /; s/)$name\$/)/"
   if ! src=$(src_of "$v"); then
-    echo "PATCH FAILED: $name ($(vpatch "$v"))"
-    fail "$name: patch $(vpatch "$v") does not apply"
-    continue
+    echo "PATCH FAILED: $name ($(vpatch "$v"))"; return 2
   fi
   if build_variant "$dir" "$flags" "$tests" "$src"; then
     grep -h "spill" "$OUT/build.$(basename "$dir").log" | sort -u | head -5
   else
-    echo "BUILD FAILED: $name"; grep -m 20 -E "error" "$OUT/build.$(basename "$dir").log"
-    fail "$name: build (build.$(basename "$dir").log)"
+    echo "BUILD FAILED: $name"; grep -m 20 -E "error" "$OUT/build.$(basename "$dir").log"; return 1
   fi
+}
+# The timeline build (TL=1) and the other variants build in the background while the first one
+# builds and runs its tests (each build is mostly one long nvcc of sparse_attention.cu: they overlap
+# well on 16 cores).
+TLPID=""
+if [ "${TL:-0}" = 1 ]; then
+  ( src=$(src_of "$FIRST" -tl) && build_variant build-tl "${FIRST#*:},-DGRAPHSAFE_DS4_TIMELINE" 0 "$src" ) >"$OUT/bstatus.tl.log" 2>&1 &
+  TLPID=$!
+fi
+declare -A BPID=()
+for v in $VARIANTS; do
+  [ "$v" = "$FIRST" ] && continue
+  say "build $(vname "$v") (${v#*:}) in the background"
+  build_one "$v" >"$OUT/bstatus.$(vname "$v").log" 2>&1 &
+  BPID[$v]=$!
+done
+
+for v in $FIRST; do
+  name=$(vname "$v")
+  dir=$(dir_of "$v")
+  tests=${TESTS:-0}
+  say "build $name (${v#*:})"
+  build_one "$v"
+  rc=$?
+  [ $rc -eq 2 ] && fail "$name: patch $(vpatch "$v") does not apply"
+  [ $rc -eq 1 ] && fail "$name: build (build.$(basename "$dir").log)"
   if [ "$tests" = 1 ]; then
     for t in test_ds4_kernels test_ds4_dequant test_ds4_graph; do
       say "test $t"
@@ -106,6 +128,13 @@ for v in $VARIANTS; do
     fi
   fi
 done
+for v in "${!BPID[@]}"; do
+  wait "${BPID[$v]}"
+  rc=$?
+  say "build $(vname "$v"): rc $rc"; cat "$OUT/bstatus.$(vname "$v").log"
+  [ $rc -eq 2 ] && fail "$(vname "$v"): patch $(vpatch "$v") does not apply"
+  [ $rc -eq 1 ] && fail "$(vname "$v"): build (build.$(basename "$(dir_of "$v")").log)"
+done
 
 for v in $VARIANTS; do
   name=$(vname "$v")
@@ -119,11 +148,12 @@ for v in $VARIANTS; do
 done
 
 if [ "${TL:-0}" = 1 ]; then
-  flags=${FIRST#*:}
-  say "timeline build"
-  if src=$(src_of "$FIRST") && build_variant build-tl "$flags,-DGRAPHSAFE_DS4_TIMELINE" 0 "$src"; then
+  say "timeline build (started in the background)"
+  if wait "$TLPID"; then
     timeout 200 build-tl/bench/ds4_attention_bench --types c4 --reps 3 --layers 43 >"$OUT/timeline.log" 2>&1
     grep -E "n=5|per layer|^C4" "$OUT/timeline.log"
+  else
+    cat "$OUT/bstatus.tl.log"; fail "timeline build (build.build-tl.log)"
   fi
 fi
 
