@@ -47,6 +47,7 @@ run_cases() {
     echo "rc $rc | $c | $(grep -E 'test cases|All tests passed' /tmp/ds4_case.log | tail -1)" >>"$log"
     if [ $rc -ne 0 ]; then bad=1; tail -n 30 /tmp/ds4_case.log | sed 's/^/    /' >>"$log"; fi
   done < <("$bin" --list-test-names-only ${tag:+"$tag"} 2>/dev/null)
+  if ! grep -q '^rc ' "$log"; then echo "no test cases listed by $bin (no GPU, or it does not start)" >>"$log"; return 2; fi
   return $bad
 }
 declare -a TABLE=()
@@ -75,6 +76,12 @@ if [ -n "$DEB" ]; then rm -rf /tmp/c2 && dpkg -x "$DEB" /tmp/c2 && C2=/tmp/c2/us
 build_variant() {  # build_variant <dir> <flags> <tests 0/1> [source tree]
   local dir=$1 flags=$2 tests=$3 src=${4:-.}
   local tflag=OFF
+  # A build folder left by an earlier call for another source tree (build/ serves whichever
+  # variant is first; the device keeps ignored folders between calls) is started afresh.
+  if [ -f "$dir/CMakeCache.txt" ] &&
+     [ "$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$dir/CMakeCache.txt")" != "$(cd "$src" && pwd)" ]; then
+    rm -rf "$dir"
+  fi
   [ "$tests" = 1 ] && [ -n "$C2" ] && tflag=ON
   cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DGRAPHSAFE_BUILD_TESTS=$tflag -DGRAPHSAFE_BUILD_EXAMPLES=OFF -DGRAPHSAFE_BUILD_CUPTI=OFF \
@@ -95,6 +102,7 @@ build_one() {
   fi
   if build_variant "$dir" "$flags" "$tests" "$src"; then
     grep -h "spill" "$OUT/build.$(basename "$dir").log" | sort -u | head -5
+    return 0  # (the grep finds nothing when ninja had no work to do)
   else
     echo "BUILD FAILED: $name"; grep -m 20 -E "error" "$OUT/build.$(basename "$dir").log"; return 1
   fi
