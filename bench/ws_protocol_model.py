@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Named-barrier model of the ws attention kernel's tile loop (kernels/ds4/sparse_attention.cu).
+
+Why: session 8 spent 700 s of device time on a deadlock (the PV warpgroup waiting at a 384-thread
+FULL bar.sync for the math warpgroup, which waited for it at P_READY) that this model finds in
+milliseconds. Before a device run of a change to the handoffs, write its barrier sequence here and
+run `python3 bench/ws_protocol_model.py`: it explores every interleaving of the three roles for
+1..MAX_TILES tiles and reports a deadlock, or an arrival that lands in a barrier phase it does not
+belong to (a role arriving twice in one phase, or mixed thread counts).
+
+The model is hand-written from the kernel: each role is its sequence of bar.sync / bar.arrive
+(counts in warpgroups of 128 threads; 384 threads = 3). It checks the protocol, not the code: keep
+it in step with the kernel when the handoffs change. Memory ordering and the cluster merge are not
+modelled.
+"""
+import sys
+
+MAX_TILES = 7
+
+
+def head(n):
+    """The shipped loop (session 7): whole-stage FULL / EMPTY of 384 threads, lockstep consumers."""
+    prod, math, pv = [], [], []
+    for j in range(n):
+        st = j & 1
+        if j >= 2:
+            prod.append(("sync", f"EMPTY{st}", 3))
+        prod.append(("arrive", f"FULL{st}", 3))
+    for role in (math, pv):
+        if n > 0:
+            role.append(("sync", "Q", 2))
+        for j in range(n):
+            st = j & 1
+            role += [("sync", f"FULL{st}", 3), ("sync", "X", 2), ("sync", "P", 2)]
+            if j + 2 < n:
+                role.append(("arrive", f"EMPTY{st}", 3))
+        role.append(("sync", "Q", 2))
+    return {"producer": prod, "math": math, "pv": pv}
+
+
+def pv_ahead(n, full_per_warpgroup=True, half_stages=True):
+    """bench/results/ds4_ws_session8_pv_ahead.patch: the PV warpgroup's S of tile j + 1 before its
+    PV of tile j. full_per_warpgroup=False is session 8's run 1 (one 384-thread FULL: deadlocks);
+    half_stages=False is run 3 (whole-stage refill), True the patch's default (paged producer)."""
+    prod, math, pv = [], [], []
+    if full_per_warpgroup:
+        fm = lambda st: ("FULLm%d" % st, 2)
+        fp = lambda st: ("FULLp%d" % st, 2)
+    else:
+        fm = fp = lambda st: ("FULL%d" % st, 3)
+    for j in range(n):
+        st = j & 1
+        if not full_per_warpgroup:
+            if j >= 2:
+                prod.append(("sync", f"EMPTY{st}", 3))
+            prod.append(("arrive", *fm(st)))
+            continue
+        if half_stages:
+            if j >= 2:
+                prod.append(("sync", f"EMPTYp{st}", 2))
+            prod.append(("arrive", *fp(st)))
+            if j >= 2:
+                prod.append(("sync", f"EMPTYm{st}", 2))
+            prod.append(("arrive", *fm(st)))
+        else:
+            if j >= 2:
+                prod += [("sync", f"EMPTYp{st}", 2), ("sync", f"EMPTYm{st}", 2)]
+            prod += [("arrive", *fp(st)), ("arrive", *fm(st))]
+    empty = (lambda st, who: (f"EMPTY{who}{st}", 2)) if full_per_warpgroup else (lambda st, who: (f"EMPTY{st}", 3))
+    if n > 0:
+        math.append(("sync", "Q", 2))
+        pv.append(("sync", "Q", 2))
+    for j in range(n):
+        st = j & 1
+        math += [("sync", *fm(st)), ("sync", "X", 2), ("sync", "P", 2)]
+        if j + 2 < n:
+            math.append(("arrive", *empty(st, "m")))
+    math.append(("sync", "Q", 2))
+    if n > 0:
+        pv += [("sync", *fp(0)), ("sync", "X", 2)]
+    for j in range(n):
+        st = j & 1
+        if j + 1 < n:
+            pv.append(("sync", *fp(st ^ 1)))
+        pv.append(("sync", "P", 2))
+        if j + 2 < n:
+            pv.append(("arrive", *empty(st, "p")))
+        if j + 1 < n:
+            pv.append(("sync", "X", 2))
+    pv.append(("sync", "Q", 2))
+    return {"producer": prod, "math": math, "pv": pv}
+
+
+def check(progs):
+    """Every interleaving (depth-first over states, memoized). Returns None or a failure string."""
+    names = sorted(progs)
+    seen = set()
+
+    def step(pcs, bars, waiting):
+        key = (pcs, bars, waiting)
+        if key in seen:
+            return None
+        seen.add(key)
+        if all(pcs[i] == len(progs[r]) for i, r in enumerate(names)):
+            return None
+        moved = False
+        for i, r in enumerate(names):
+            if waiting[i] is not None or pcs[i] == len(progs[r]):
+                continue
+            kind, bar, count = progs[r][pcs[i]]
+            b = dict(bars)
+            got, need, members = b.get(bar, (0, count, ()))
+            if need != count:
+                return f"{r} uses {bar} with count {count}, the phase in progress has {need}"
+            if r in members:
+                return f"{r} arrives twice in one phase of {bar} (pc {pcs[i]})"
+            got, members = got + 1, members + (r,)
+            w = list(waiting)
+            if kind == "sync":
+                w[i] = bar
+            if got == need:  # the phase completes: release its waiters, reset
+                b.pop(bar, None)
+                w = [None if (x == bar and names[k] in members) else x for k, x in enumerate(w)]
+            else:
+                b[bar] = (got, need, members)
+            p = list(pcs)
+            p[i] += 1
+            moved = True
+            err = step(tuple(p), tuple(sorted(b.items())), tuple(w))
+            if err:
+                return err
+        if not moved:
+            where = []
+            for i, r in enumerate(names):
+                if waiting[i] is not None:
+                    where.append(f"{r} waits at {progs[r][pcs[i] - 1]} (op {pcs[i] - 1})")
+                else:
+                    where.append(f"{r} done")
+            return "deadlock: " + ", ".join(where)
+        return None
+
+    sys.setrecursionlimit(100000)
+    return step(tuple(0 for _ in names), (), tuple(None for _ in names))
+
+
+def main():
+    cases = [
+        ("shipped (session 7)", head, True),
+        ("PV ahead, one 384-thread FULL (session 8 run 1)", lambda n: pv_ahead(n, False), False),
+        ("PV ahead, FULL per warpgroup, whole stages (run 3)", lambda n: pv_ahead(n, True, False), True),
+        ("PV ahead, FULL and EMPTY per warpgroup, half stages (patch default)", lambda n: pv_ahead(n), True),
+    ]
+    bad = 0
+    for name, gen, want_ok in cases:
+        errs = [(n, check(gen(n))) for n in range(0, MAX_TILES + 1)]
+        errs = [(n, e) for n, e in errs if e]
+        ok = not errs
+        verdict = "ok" if ok else f"n={errs[0][0]}: {errs[0][1]}"
+        expect = "" if ok == want_ok else "   <-- UNEXPECTED"
+        bad += ok != want_ok
+        print(f"{name}: {verdict}{expect}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
