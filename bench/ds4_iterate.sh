@@ -91,13 +91,20 @@ build_variant() {  # build_variant <dir> <flags> <tests 0/1> [source tree]
   ninja -C "$dir" -j"$JOBS" $targets >"$OUT/build.$(basename "$dir").log" 2>&1
 }
 
+# Every variant's source tree (patched copies made now, one after the other: a copy taken while
+# the builds run sees build folders appear and tar fails with "file changed as we read it").
+declare -A SRC=()
+for v in $VARIANTS; do SRC[$v]=$(src_of "$v") || SRC[$v]=FAILED; done
+TLSRC=FAILED
+[ "${TL:-0}" = 1 ] && { TLSRC=$(src_of "$FIRST" -tl) || TLSRC=FAILED; }
 # build_one <variant>: its build; prints what failed (the caller records it in the table).
 build_one() {
   local v=$1 name flags dir src
   name=$(vname "$v"); flags=${v#*:}; dir=$(dir_of "$v")
   local tests=0
   [ "$v" = "$FIRST" ] && tests=${TESTS:-0}
-  if ! src=$(src_of "$v"); then
+  src=${SRC[$v]}
+  if [ "$src" = FAILED ]; then
     echo "PATCH FAILED: $name ($(vpatch "$v"))"; return 2
   fi
   if build_variant "$dir" "$flags" "$tests" "$src"; then
@@ -112,7 +119,7 @@ build_one() {
 # well on 16 cores).
 TLPID=""
 if [ "${TL:-0}" = 1 ]; then
-  ( src=$(src_of "$FIRST" -tl) && build_variant build-tl "${FIRST#*:},-DGRAPHSAFE_DS4_TIMELINE" 0 "$src" ) >"$OUT/bstatus.tl.log" 2>&1 &
+  ( [ "$TLSRC" != FAILED ] && build_variant build-tl "${FIRST#*:},-DGRAPHSAFE_DS4_TIMELINE" 0 "$TLSRC" ) >"$OUT/bstatus.tl.log" 2>&1 &
   TLPID=$!
 fi
 declare -A BPID=()
