@@ -205,6 +205,16 @@ void print_timeline(const std::vector<unsigned long long>& v, int grid, double c
           d[tag + "e3 math wg: PV (own half)"].push_back(us(r[tl::c_pv_start + j], r[tl::pv_done + j]));
         }
         d[tag + "h consumer waits FULL (arrive -> acquired)"].push_back(us(r[tl::p_full_arrive + j], r[tl::full + j]));
+        if (r[tl::pv_full + j] != 0 && r[tl::pv_pv_done + j] != 0) {  // builds with the PV warpgroup's stamps
+          d[tag + "p1 PV wg: its S part (FULL -> S done)"].push_back(us(r[tl::pv_full + j], r[tl::pv_s_done + j]));
+          d[tag + "p2 PV wg: P(j) acquired -> PV(j) done"].push_back(us(r[tl::pv_p_ok + j], r[tl::pv_pv_done + j]));
+          if (j + 1 < n && j + 1 < 8 && r[tl::pv_s_done + j + 1] != 0 && r[tl::pv_s_done + j + 1] < r[tl::pv_p_ok + j])
+            d[tag + "p3 PV wg: S(j+1) done -> P(j) acquired (one tile ahead)"].push_back(us(r[tl::pv_s_done + j + 1], r[tl::pv_p_ok + j]));
+          if (r[tl::p_hi_arrive + j] != 0)
+            d[tag + "p4 PV wg waits FULL of its half (published -> acquired)"].push_back(us(r[tl::p_hi_arrive + j], r[tl::pv_full + j]));
+          if (j + 2 < n && j + 2 < 8 && r[tl::p_hi_arrive + j + 2] != 0)
+            d[tag + "p5 PV(j) done -> its half of tile j+2 published (refill)"].push_back(us(r[tl::pv_pv_done + j], r[tl::p_hi_arrive + j + 2]));
+        }
       }
       d[tag + "a1 entry -> Q stores start"].push_back(us(r[tl::clock_entry], r[tl::q_landed]));
       if (r[tl::merge_weights] != 0) {

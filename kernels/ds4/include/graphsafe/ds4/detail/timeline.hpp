@@ -36,7 +36,15 @@ enum Slot : int {
   p_prefetched = 80,     // producer: L2 prefetch of tile j + 2 issued (after FULL of tile j)
   c_x_bar = 88,          // consumers: partial-score exchange barrier of tile j passed (j < 4)
   c_pv_start = 92,       // consumers: softmax of tile j done, before PV (j < 4)
-  kSlots = 96,
+  // The PV warpgroup's own stamps (its thread 0) and the producer's publication of the PV
+  // warpgroup's half of a stage: written by the session 8 experiment
+  // (bench/results/ds4_ws_session8_pv_ahead.patch); zero in builds without them.
+  pv_full = 96,          // PV warpgroup: FULL of tile j acquired
+  pv_s_done = 104,       // PV warpgroup: its S part of tile j waited for
+  pv_p_ok = 112,         // PV warpgroup: P_READY of tile j passed
+  pv_pv_done = 120,      // PV warpgroup: its PV of tile j waited for
+  p_hi_arrive = 128,     // producer: the PV warpgroup's half of tile j published (half stages)
+  kSlots = 136,
 };
 constexpr int kMaxRecords = 8192;
 
