@@ -114,6 +114,12 @@ build_one() {
     echo "BUILD FAILED: $name"; grep -m 20 -E "error" "$OUT/build.$(basename "$dir").log"; return 1
   fi
 }
+# record_build <variant> <build_one's status>: a failed patch or build goes into the table.
+record_build() {
+  [ "$2" -eq 2 ] && fail "$(vname "$1"): patch $(vpatch "$1") does not apply"
+  [ "$2" -eq 1 ] && fail "$(vname "$1"): build (build.$(basename "$(dir_of "$1")").log)"
+  true
+}
 # The timeline build (TL=1) and the other variants build in the background while the first one
 # builds and runs its tests (each build is mostly one long nvcc of sparse_attention.cu: they overlap
 # well on 16 cores).
@@ -130,55 +136,48 @@ for v in $VARIANTS; do
   BPID[$v]=$!
 done
 
-for v in $FIRST; do
-  name=$(vname "$v")
-  dir=$(dir_of "$v")
-  tests=${TESTS:-0}
-  say "build $name (${v#*:})"
-  build_one "$v"
-  rc=$?
-  [ $rc -eq 2 ] && fail "$name: patch $(vpatch "$v") does not apply"
-  [ $rc -eq 1 ] && fail "$name: build (build.$(basename "$dir").log)"
-  if [ "$tests" = 1 ]; then
-    for t in test_ds4_kernels test_ds4_dequant test_ds4_graph; do
-      say "test $t (case by case)"
-      run_cases "$dir/tests/gpu/$t" "$OUT/$t.log" ""
+say "build $(vname "$FIRST") (${FIRST#*:})"
+build_one "$FIRST"
+record_build "$FIRST" $?
+dir=$(dir_of "$FIRST")
+if [ "${TESTS:-0}" = 1 ]; then
+  for t in test_ds4_kernels test_ds4_dequant test_ds4_graph; do
+    say "test $t (case by case)"
+    run_cases "$dir/tests/gpu/$t" "$OUT/$t.log" ""
+    rc=$?
+    cat "$OUT/$t.log"
+    TABLE+=("test $t: $(grep -c '^rc 0 ' "$OUT/$t.log") of $(grep -c '^rc ' "$OUT/$t.log") cases pass")
+    [ $rc -eq 0 ] || fail "test $t ($t.log)"
+  done
+  # The attention tests again through the other engine and through the scratch + combine merge
+  # (both read the caches through the same CacheView; ctest runs the first as
+  # test_ds4_kernels_mma_sync).
+  for envv in GRAPHSAFE_DS4_ATTENTION=mma_sync GRAPHSAFE_DS4_CLUSTER=0; do
+    say "test test_ds4_kernels [attention] with $envv"
+    lg="$OUT/test_ds4_kernels.${envv%%=*}.log"
+    run_cases "$dir/tests/gpu/test_ds4_kernels" "$lg" "[attention]" "$envv"
+    rc=$?
+    TABLE+=("test test_ds4_kernels [attention] $envv: $(grep -c '^rc 0 ' "$lg") of $(grep -c '^rc ' "$lg") cases pass")
+    [ $rc -eq 0 ] || fail "test test_ds4_kernels [attention] $envv"
+  done
+  if [ "${SANITIZE:-0}" = 1 ] && [ "$FAILED" = 1 ]; then
+    say "sanitizers skipped: a test failed above (a hang would spend their whole timeout)"
+    fail "sanitizers skipped"
+  elif [ "${SANITIZE:-0}" = 1 ]; then
+    for tool in memcheck racecheck; do
+      say "$tool test_ds4_kernels"
+      timeout "$(lim 300)" compute-sanitizer --tool $tool --error-exitcode 99 "$dir/tests/gpu/test_ds4_kernels" >"$OUT/san.$tool.log" 2>&1
       rc=$?
-      cat "$OUT/$t.log"
-      TABLE+=("test $t: $(grep -c '^rc 0 ' "$OUT/$t.log") of $(grep -c '^rc ' "$OUT/$t.log") cases pass")
-      [ $rc -eq 0 ] || fail "test $t ($t.log)"
+      TABLE+=("$tool test_ds4_kernels: rc $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases|All tests passed' "$OUT/san.$tool.log" | tr '\n' ' ')")
+      [ $rc -eq 0 ] || fail "$tool test_ds4_kernels (san.$tool.log)"
     done
-    # The attention tests again through the other engine and through the scratch + combine merge
-    # (both read the caches through the same CacheView; ctest runs the first as
-    # test_ds4_kernels_mma_sync).
-    for envv in GRAPHSAFE_DS4_ATTENTION=mma_sync GRAPHSAFE_DS4_CLUSTER=0; do
-      say "test test_ds4_kernels [attention] with $envv"
-      lg="$OUT/test_ds4_kernels.${envv%%=*}.log"
-      run_cases "$dir/tests/gpu/test_ds4_kernels" "$lg" "[attention]" "$envv"
-      rc=$?
-      TABLE+=("test test_ds4_kernels [attention] $envv: $(grep -c '^rc 0 ' "$lg") of $(grep -c '^rc ' "$lg") cases pass")
-      [ $rc -eq 0 ] || fail "test test_ds4_kernels [attention] $envv"
-    done
-    if [ "${SANITIZE:-0}" = 1 ] && [ "$FAILED" = 1 ]; then
-      say "sanitizers skipped: a test failed above (a hang would spend their whole timeout)"
-      fail "sanitizers skipped"
-    elif [ "${SANITIZE:-0}" = 1 ]; then
-      for tool in memcheck racecheck; do
-        say "$tool test_ds4_kernels"
-        timeout "$(lim 300)" compute-sanitizer --tool $tool --error-exitcode 99 "$dir/tests/gpu/test_ds4_kernels" >"$OUT/san.$tool.log" 2>&1
-        rc=$?
-        TABLE+=("$tool test_ds4_kernels: rc $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases|All tests passed' "$OUT/san.$tool.log" | tr '\n' ' ')")
-        [ $rc -eq 0 ] || fail "$tool test_ds4_kernels (san.$tool.log)"
-      done
-    fi
   fi
-done
+fi
 for v in "${!BPID[@]}"; do
   wait "${BPID[$v]}"
   rc=$?
   say "build $(vname "$v"): rc $rc"; cat "$OUT/bstatus.$(vname "$v").log"
-  [ $rc -eq 2 ] && fail "$(vname "$v"): patch $(vpatch "$v") does not apply"
-  [ $rc -eq 1 ] && fail "$(vname "$v"): build (build.$(basename "$(dir_of "$v")").log)"
+  record_build "$v" $rc
 done
 
 for v in $VARIANTS; do
