@@ -38,6 +38,36 @@ def head(n):
     return {"producer": prod, "math": math, "pv": pv}
 
 
+def fill_after_s(n):
+    """Session 9 (GRAPHSAFE_DS4_FILL_AFTER_S): as head, plus S_DONE (256 threads): the math
+    warpgroup arrives once the scores of tile j are complete (j < n - 1), and the producer waits
+    for it (after EMPTY) before it fills tile j + 1, so that its 64 KB of shared stores land during
+    the softmax and PV instead of during the S chains."""
+    progs = head(n)
+    prod = []
+    for j in range(n):
+        st = j & 1
+        if j >= 2:
+            prod.append(("sync", f"EMPTY{st}", 3))
+        if j >= 1:
+            prod.append(("sync", "SDONE", 2))
+        prod.append(("arrive", f"FULL{st}", 3))
+    math = []
+    if n > 0:
+        math.append(("sync", "Q", 2))
+    for j in range(n):
+        st = j & 1
+        math += [("sync", f"FULL{st}", 3), ("sync", "X", 2)]
+        if j + 1 < n:
+            math.append(("arrive", "SDONE", 2))
+        math.append(("sync", "P", 2))
+        if j + 2 < n:
+            math.append(("arrive", f"EMPTY{st}", 3))
+    math.append(("sync", "Q", 2))
+    progs["producer"], progs["math"] = prod, math
+    return progs
+
+
 def pv_ahead(n, full_per_warpgroup=True, half_stages=True):
     """bench/results/ds4_ws_session8_pv_ahead.patch: the PV warpgroup's S of tile j + 1 before its
     PV of tile j. full_per_warpgroup=False is session 8's run 1 (one 384-thread FULL: deadlocks);
@@ -146,6 +176,7 @@ def check(progs):
 def main():
     cases = [
         ("shipped (session 7)", head, True),
+        ("fill after S: the producer waits for S_DONE after EMPTY (session 9)", fill_after_s, True),
         ("PV ahead, one 384-thread FULL (session 8 run 1)", lambda n: pv_ahead(n, False), False),
         ("PV ahead, FULL per warpgroup, whole stages (run 3)", lambda n: pv_ahead(n, True, False), True),
         ("PV ahead, FULL and EMPTY per warpgroup, half stages (patch default)", lambda n: pv_ahead(n), True),

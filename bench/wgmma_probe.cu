@@ -1,0 +1,377 @@
+// wgmma_probe: how fast do the attention kernel's two wgmma shapes run on their own, per shared-memory
+// layout? A diagnostic for the ws kernel's tile loop (kernels/ds4/sparse_attention.cu), whose S step
+// (32 x m64n64k16 split over two warpgroups, A = Q and B = K both from shared memory) took
+// 1.1-1.2 us per tile on the H200, about twice the tensor pipe's time for that work, and did not
+// overlap with PV (session 7: S and PV issued together took S + PV). Candidates this separates:
+//   - the no-swizzle ("interleave") layout the kernel uses vs 128-byte swizzle (what CUTLASS,
+//     DeepGEMM and FlashMLA use);
+//   - A from shared memory vs registers (halves the operand bytes an m64n64k16 reads);
+//   - one accumulator chain per warpgroup vs two (even / odd k steps);
+//   - a third warpgroup storing to shared memory meanwhile (the producer's 64 KB per tile).
+// Each configuration is checked against a CPU product before it is timed. Per CTA (one per SM, all
+// SMs): cycles per wgmma, and the rate as a fraction of the bf16 dense peak (4096 FLOP per SM clock
+// on sm_90). Build and run on an sm_90a GPU:
+//   nvcc -O3 -std=c++20 -gencode arch=compute_90a,code=sm_90a -Iinclude -Ikernels/ds4/include -Ikernels/ds4 \
+//     bench/wgmma_probe.cu -o wgmma_probe && ./wgmma_probe
+#include "cuda_support.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+using namespace graphsafe::ds4::cuda::detail;
+
+namespace {
+
+constexpr int kRows = 64, kDim = 512;  // Q: 64 heads x 512; K: 64 rows x 512 (one tile)
+constexpr int kTileBytes = kRows * kDim * 2;
+constexpr int kReps = 64;
+constexpr long long kBigRows = 1ll << 21;  // x 576 bytes = 1.2 GB, far past the 60 MB L2
+constexpr int kRowBytes = 576;
+
+// What the third warpgroup does while the consumers run their wgmma chains:
+enum Traffic : int {
+  kNone = 0,
+  kSts = 1,      // 16-byte shared stores only
+  kLdg = 2,      // 16-byte global loads of random rows (HBM), kept live, no shared stores
+  kLdgSts = 3,   // both: load a row chunk, store it to shared memory (the ws kernel's producer)
+  kBulk = 4,     // cp.async.bulk of whole rows into shared memory (the copy engine, no registers)
+};
+const char* traffic_name(int t) {
+  static const char* n[] = {"none", "sts", "ldg", "ldg+sts", "bulk"};
+  return n[t];
+}
+__device__ inline long long row_of(unsigned i) {  // a scattered row index
+  return static_cast<long long>((i * 2654435761u) >> 11) & (kBigRows - 1);
+}
+
+enum Layout : int { kInter = 0, kSw128 = 1 };
+
+// Byte offset of element (r, k) of a 64 x 512 bf16 tile, K-major.
+//   interleave: 8 x 16-byte core matrices, (r/8)*8192 + (k/8)*128 + (r%8)*16 (the kernel's layout);
+//   sw128: 8 blocks of 64 dims, each 64 rows x 128 bytes, 16-byte chunk c of row r at c ^ (r % 8).
+__host__ __device__ inline int tile_off(int layout, int r, int k) {
+  if (layout == kInter) return (r >> 3) * 8192 + (k >> 3) * 128 + (r & 7) * 16 + (k & 7) * 2;
+  const int kb = k >> 6, c = (k >> 3) & 7;
+  return kb * 8192 + r * 128 + ((c ^ (r & 7)) << 4) + (k & 7) * 2;
+}
+
+__device__ inline std::uint64_t desc(const void* p, std::uint32_t lbo, std::uint32_t sbo, int layout) {
+  std::uint64_t d = wgmma_desc(p, lbo, sbo);
+  if (layout == kSw128) d |= 1ull << 62;
+  return d;
+}
+// K-major descriptor of k step kk (16 dims) of a tile.
+__device__ inline std::uint64_t kdesc(const std::uint8_t* t, int layout, int kk) {
+  if (layout == kInter) return desc(t + kk * 256, 128, 8192, kInter);
+  return desc(t + (kk >> 2) * 8192 + (kk & 3) * 32, 16, 1024, kSw128);
+}
+// MN-major (transposed) descriptor of the tile read as B[k = row][n = dim], k step ks (16 rows),
+// n offset n0 (a multiple of 128 dims).
+// SWAP exchanges the sw128 LBO / SBO roles: wrong results on the H200 (max |err| 11 vs the CPU), so
+// for MN-major sw128 LBO is the stride between 64-element column blocks and SBO between 8-row groups.
+template <bool SWAP>
+__device__ inline std::uint64_t vdesc(const std::uint8_t* t, int layout, int ks, int n0) {
+  if (layout == kInter) return desc(t + ks * 2 * 8192 + (n0 / 8) * 128, 8192, 128, kInter);
+  return desc(t + (n0 / 64) * 8192 + ks * 16 * 128, SWAP ? 1024 : 8192, SWAP ? 8192 : 1024, kSw128);
+}
+
+__device__ __forceinline__ void mma_rs(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %37;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(0), "r"(acc));
+}
+
+struct Cfg {
+  const char* name;
+  int layout, wgs, chains, rs, full_traffic, pv;  // pv: time O += P V (m64n128k16 pairs) instead of S
+};
+
+struct Args {
+  const std::uint16_t* q;  // row-major 64 x 512
+  const std::uint16_t* k;
+  const std::uint8_t* big;  // kBigRows rows of kRowBytes: rows read from HBM by the traffic modes
+  int* sink;
+  float* s_out;            // [2 wgs][64 x 64] S over the warpgroup's 256 dims; or O [64 x 512] for pv
+  unsigned long long* cyc; // per CTA per warpgroup
+};
+
+// S probe: warpgroup w in [0, wgs) runs kReps times its 16 k steps (dims 256 w ..). Layout, chains
+// and rs are template parameters so that every variant is straight-line code.
+template <int L, int CHAINS, bool RS, bool PV, bool SWAP = false>
+__global__ void __launch_bounds__(384, 1) probe(Args a, int wgs, int store) {
+  extern __shared__ __align__(1024) std::uint8_t smem[];
+  std::uint8_t* Q = smem;
+  std::uint8_t* K = smem + kTileBytes;
+  std::uint8_t* scratch = smem + 2 * kTileBytes;  // 64 KB the storing warpgroup writes
+  volatile int* done = reinterpret_cast<volatile int*>(smem + 3 * kTileBytes);
+  const int tid = threadIdx.x, wg = tid >> 7, ct = tid & 127;
+  if (smem_u32(smem) & 1023) __trap();  // the 128-byte swizzle repeats every 1024 bytes
+  for (int i = tid; i < kRows * kDim; i += 384) {
+    const int r = i / kDim, k = i % kDim;
+    *reinterpret_cast<std::uint16_t*>(Q + tile_off(L, r, k)) = a.q[i];
+    *reinterpret_cast<std::uint16_t*>(K + tile_off(L, r, k)) = a.k[i];
+  }
+  if (tid == 0) *done = 0;
+  fence_proxy_async();
+  __syncthreads();
+  if (wg == 2) {
+    std::uint64_t* mbar = reinterpret_cast<std::uint64_t*>(smem + 3 * kTileBytes + 64);
+    if (store == kBulk && ct == 0) mbar_init(mbar, 1);
+    asm volatile("bar.sync 1, 128;" ::: "memory");
+    uint4 v = make_uint4(tid, 1, 2, 3);
+    unsigned it = blockIdx.x * 977u, phase = 0;
+    // 64 rows x 576 bytes per pass (one tile): thread ct owns row ct / 2, half (ct & 1) of it.
+    while (*done < wgs && store != kNone) {
+      if (store == kSts) {
+        for (int i = ct; i < 4096; i += 128) reinterpret_cast<uint4*>(scratch)[i] = v;
+        v.x += 1;
+      } else if (store == kLdg || store == kLdgSts) {
+        const uint4* src = reinterpret_cast<const uint4*>(a.big + row_of(it * 64 + (ct >> 1)) * kRowBytes) + 18 * (ct & 1);
+        uint4 w[18];
+#pragma unroll
+        for (int i = 0; i < 18; ++i) w[i] = __ldg(src + i);
+        if (store == kLdgSts) {
+#pragma unroll
+          for (int i = 0; i < 18; ++i) reinterpret_cast<uint4*>(scratch)[i * 128 + ct] = w[i];  // conflict-free, like the producer's
+        } else {
+#pragma unroll
+          for (int i = 0; i < 18; ++i) v.x ^= w[i].x ^ w[i].w;
+        }
+      } else {  // kBulk
+        if (ct == 0) mbar_arrive_expect_tx(mbar, 64 * kRowBytes);
+        asm volatile("bar.sync 1, 128;" ::: "memory");
+        if (ct < 64) {
+          const std::uint8_t* src = a.big + row_of(it * 64 + ct) * kRowBytes;
+          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                           smem_u32(scratch + ct * kRowBytes)),
+                       "l"(src), "r"(kRowBytes), "r"(smem_u32(mbar))
+                       : "memory");
+        }
+        mbar_wait_cluster(mbar, phase);
+        phase ^= 1;
+      }
+      ++it;
+    }
+    if (v.x == 0x7fffffff) a.sink[0] = v.y;  // keeps the loads of kLdg live
+    return;
+  }
+  if (wg >= wgs) return;
+  const int warp = ct >> 5, lane = ct & 31;
+  const int r = 16 * warp + (lane >> 2), c = 2 * (lane & 3);
+  unsigned long long t0 = 0, t1 = 0;
+  if constexpr (!PV) {
+    const int k0 = 16 * wg;  // first k step of this warpgroup
+    std::uint32_t qa[RS ? 16 : 1][4];
+    if constexpr (RS) {
+      auto pk = [&](int rr, int kk) {
+        return static_cast<std::uint32_t>(a.q[rr * kDim + kk]) | (static_cast<std::uint32_t>(a.q[rr * kDim + kk + 1]) << 16);
+      };
+#pragma unroll
+      for (int s = 0; s < 16; ++s) {
+        const int kb = 16 * (k0 + s);
+        qa[s][0] = pk(r, kb + c);
+        qa[s][1] = pk(r + 8, kb + c);
+        qa[s][2] = pk(r, kb + c + 8);
+        qa[s][3] = pk(r + 8, kb + c + 8);
+      }
+    }
+    float acc[CHAINS][32];
+    for (int rep = -1; rep < kReps; ++rep) {
+      if (rep == 0) t0 = clock64();
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < 16; ++s) {
+        const int ch = s % CHAINS;
+        const int first = s < CHAINS ? 0 : 1;
+        const std::uint64_t kd = kdesc(K, L, k0 + s);
+        if constexpr (RS) mma_rs(acc[ch], qa[s], kd, first);
+        else wgmma_m64n64k16(acc[ch], kdesc(Q, L, k0 + s), kd, first);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+    }
+    t1 = clock64();
+    if (blockIdx.x == 0) {
+      float* o = a.s_out + wg * kRows * kRows;
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = 0.f;
+#pragma unroll
+          for (int ch = 0; ch < CHAINS; ++ch) v += acc[ch][4 * nb + e];
+          o[(r + 8 * (e >> 1)) * kRows + 8 * nb + c + (e & 1)] = v;
+        }
+    }
+  } else {
+    // O[:, 256 wg .. +256] = P V with P = Q[:, 0 .. 64) (64 x 64, A from smem K-major) and V = the
+    // K tile read MN-major: 4 k steps x 2 x m64n128k16 per warpgroup, as in the kernel.
+    float o_lo[64], o_hi[64];
+    const int n0 = 256 * wg;
+    for (int rep = -1; rep < kReps; ++rep) {
+      if (rep == 0) t0 = clock64();
+      if (rep == -1 || rep == kReps - 1) {  // the accumulators hold exactly one product at the end
+#pragma unroll
+        for (int e = 0; e < 64; ++e) o_lo[e] = o_hi[e] = 0.f;
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const std::uint64_t pd = kdesc(Q, L, ks);
+        wgmma_m64n128k16_tb(o_lo, pd, vdesc<SWAP>(K, L, ks, n0));
+        wgmma_m64n128k16_tb(o_hi, pd, vdesc<SWAP>(K, L, ks, n0 + 128));
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+    }
+    t1 = clock64();
+    if (blockIdx.x == 0) {
+#pragma unroll
+      for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int rr = r + 8 * (e >> 1), col = 8 * nb + c + (e & 1);
+          a.s_out[rr * kDim + n0 + col] = o_lo[4 * nb + e];
+          a.s_out[rr * kDim + n0 + 128 + col] = o_hi[4 * nb + e];
+        }
+    }
+  }
+  if (ct == 0) {
+    a.cyc[blockIdx.x * 2 + wg] = t1 - t0;
+    atomicAdd(const_cast<int*>(done), 1);
+  }
+}
+
+float bf(std::uint16_t v) {
+  std::uint32_t u = static_cast<std::uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void ck(cudaError_t e, const char* w) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", w, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main() {
+  int dev = 0, sms = 0, cc_major = 0, clock_khz = 0;
+  ck(cudaGetDevice(&dev), "device");
+  ck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "sms");
+  ck(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev), "cc");
+  ck(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev), "clock");
+  if (cc_major != 9) {
+    std::printf("wgmma_probe: needs an sm_90 GPU; skipped\n");
+    return 0;
+  }
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<std::uint16_t> hq(kRows * kDim), hk(kRows * kDim);
+  auto tobf = [](float f) {
+    std::uint32_t x;
+    std::memcpy(&x, &f, 4);
+    return static_cast<std::uint16_t>((x + 0x7FFF + ((x >> 16) & 1)) >> 16);
+  };
+  for (auto& v : hq) v = tobf(u(rng));
+  for (auto& v : hk) v = tobf(u(rng));
+  std::uint16_t *dq, *dk;
+  float* ds;
+  unsigned long long* dc;
+  ck(cudaMalloc(&dq, hq.size() * 2), "malloc");
+  ck(cudaMalloc(&dk, hk.size() * 2), "malloc");
+  ck(cudaMalloc(&ds, kRows * kDim * 4), "malloc");
+  ck(cudaMalloc(&dc, sms * 2 * 8), "malloc");
+  ck(cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice), "copy");
+  ck(cudaMemcpy(dk, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice), "copy");
+  std::uint8_t* big;
+  int* sink;
+  ck(cudaMalloc(&big, kBigRows * kRowBytes), "malloc big");
+  ck(cudaMemset(big, 1, kBigRows * kRowBytes), "memset big");
+  ck(cudaMalloc(&sink, 4), "malloc");
+  Args args{dq, dk, big, sink, ds, dc};
+  const int smem = 3 * kTileBytes + 128;  // Q, K, scratch, done flag + mbarrier
+
+  struct Variant {
+    Cfg cfg;
+    void (*fn)(Args, int, int);
+  };
+  const Variant vs[] = {
+      {{"S  inter ss 1ch", kInter, 2, 1, 0, 1, 0}, probe<kInter, 1, false, false>},
+      {{"S  sw128 ss 1ch", kSw128, 2, 1, 0, 0, 0}, probe<kSw128, 1, false, false>},
+      {{"S  inter ss 2ch", kInter, 2, 2, 0, 0, 0}, probe<kInter, 2, false, false>},
+      {{"S  sw128 ss 2ch", kSw128, 2, 2, 0, 0, 0}, probe<kSw128, 2, false, false>},
+      {{"S  inter rs 1ch", kInter, 2, 1, 1, 1, 0}, probe<kInter, 1, true, false>},
+      {{"S  sw128 rs 1ch", kSw128, 2, 1, 1, 0, 0}, probe<kSw128, 1, true, false>},
+      {{"S  sw128 rs 2ch", kSw128, 2, 2, 1, 0, 0}, probe<kSw128, 2, true, false>},
+      {{"PV inter ss", kInter, 2, 1, 0, 1, 1}, probe<kInter, 1, false, true>},
+      {{"PV sw128 ss", kSw128, 2, 1, 0, 0, 1}, probe<kSw128, 1, false, true>},
+  };
+  std::printf("wgmma_probe: %d SMs, %.2f GHz (attribute); cycles per wgmma are clock64 per warpgroup,\n"
+              "median over CTAs; peak = 4096 bf16 FLOP per SM clock (m64n64k16: 32 clk, m64n128k16: 64 clk)\n",
+              sms, clock_khz / 1e6);
+  std::printf("%-18s %4s %8s %10s %10s %8s\n", "variant", "wgs", "traffic", "clk/wgmma", "SM TFLOP/s", "of peak");
+  bool all_ok = true;
+  for (const Variant& v : vs) {
+    ck(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem attr");
+    // Correctness once (2 warpgroups, no store traffic) against the CPU.
+    ck(cudaMemset(ds, 0, kRows * kDim * 4), "memset");
+    v.fn<<<1, 384, smem>>>(args, 2, 0);
+    ck(cudaGetLastError(), "launch");
+    ck(cudaDeviceSynchronize(), v.cfg.name);
+    std::vector<float> got(kRows * kDim);
+    ck(cudaMemcpy(got.data(), ds, got.size() * 4, cudaMemcpyDeviceToHost), "copy back");
+    double max_err = 0;
+    if (!v.cfg.pv) {
+      for (int w = 0; w < 2; ++w)
+        for (int i = 0; i < kRows; ++i)
+          for (int j = 0; j < kRows; ++j) {
+            double ref = 0;
+            for (int k = 256 * w; k < 256 * w + 256; ++k) ref += double(bf(hq[i * kDim + k])) * bf(hk[j * kDim + k]);
+            max_err = std::fmax(max_err, std::fabs(ref - got[w * kRows * kRows + i * kRows + j]));
+          }
+    } else {
+      for (int i = 0; i < kRows; ++i)
+        for (int d = 0; d < kDim; ++d) {
+          double ref = 0;
+          for (int k = 0; k < kRows; ++k) ref += double(bf(hq[i * kDim + k])) * bf(hk[k * kDim + d]);
+          max_err = std::fmax(max_err, std::fabs(ref - got[i * kDim + d]));
+        }
+    }
+    const bool ok = max_err < 1e-2;
+    all_ok = all_ok && ok;
+    for (int wgs = 1; wgs <= 2; ++wgs)
+      for (int store = 0; store <= 4; ++store) {
+        if (wgs == 1 && store != kNone && store != kLdgSts) continue;
+        if (!v.cfg.full_traffic && store != kNone && store != kLdgSts) continue;
+        v.fn<<<sms, 384, smem>>>(args, wgs, store);
+        ck(cudaDeviceSynchronize(), v.cfg.name);
+        std::vector<unsigned long long> cyc(sms * 2);
+        ck(cudaMemcpy(cyc.data(), dc, cyc.size() * 8, cudaMemcpyDeviceToHost), "copy back");
+        std::vector<double> per;
+        for (int b = 0; b < sms; ++b) per.push_back(double(cyc[b * 2]));
+        std::sort(per.begin(), per.end());
+        const double med = per[per.size() / 2];
+        const int per_rep = v.cfg.pv ? 8 : 16;
+        const double clk = med / (kReps * per_rep);
+        const double flop = v.cfg.pv ? 64.0 * 128 * 16 * 2 : 64.0 * 64 * 16 * 2;
+        const double clk_ghz = clock_khz / 1e6;
+        const double tf = wgs * flop / clk * clk_ghz * 1e9 / 1e12;
+        std::printf("%-18s %4d %8s %10.1f %10.3f %7.0f%%%s\n", v.cfg.name, wgs, traffic_name(store), clk, tf,
+                    100.0 * wgs * flop / clk / 4096.0, ok ? "" : "  WRONG RESULT");
+      }
+    if (!ok) std::printf("  %s: max |err| %.3g vs CPU\n", v.cfg.name, max_err);
+  }
+  std::printf("wgmma_probe: %s\n", all_ok ? "every variant matches the CPU product" : "SOME VARIANTS ARE WRONG");
+  return all_ok ? 0 : 1;
+}
