@@ -127,8 +127,16 @@ __global__ void __launch_bounds__(384, 1) probe(Args a, int wgs, int store) {
     asm volatile("bar.sync 1, 128;" ::: "memory");
     uint4 v = make_uint4(tid, 1, 2, 3);
     unsigned it = blockIdx.x * 977u, phase = 0;
-    // 64 rows x 576 bytes per pass (one tile): thread ct owns row ct / 2, half (ct & 1) of it.
-    while (*done < wgs && store != kNone) {
+    // 64 rows x 576 bytes per pass (one tile): thread ct owns row ct / 2, half (ct & 1) of it. The
+    // stop decision is taken by one thread and shared, so all 128 leave the loop in the same pass
+    // (the bulk mode has a barrier inside it; a per-thread read of `done` hung the first version).
+    volatile int* stop = done + 1;
+    for (;;) {
+      if (ct == 0) *stop = *done >= wgs || store == kNone;
+      asm volatile("bar.sync 1, 128;" ::: "memory");
+      const bool leave = *stop;
+      asm volatile("bar.sync 1, 128;" ::: "memory");
+      if (leave) break;
       if (store == kSts) {
         for (int i = ct; i < 4096; i += 128) reinterpret_cast<uint4*>(scratch)[i] = v;
         v.x += 1;
@@ -266,6 +274,7 @@ void ck(cudaError_t e, const char* w) {
 }  // namespace
 
 int main() {
+  std::setvbuf(stdout, nullptr, _IONBF, 0);  // every line reaches a log even if a variant hangs
   int dev = 0, sms = 0, cc_major = 0, clock_khz = 0;
   ck(cudaGetDevice(&dev), "device");
   ck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "sms");

@@ -39,7 +39,8 @@ def head(n):
 
 
 def fill_after_s(n):
-    """Session 9 (GRAPHSAFE_DS4_FILL_AFTER_S): as head, plus S_DONE (256 threads): the math
+    """Session 9 (-DGRAPHSAFE_DS4_FILL_AFTER_S of bench/results/ds4_ws_session9_diagnostics.patch;
+    measured on the H200: correct, racecheck clean, 0.9 us slower): as head, plus S_DONE (256 threads): the math
     warpgroup arrives once the scores of tile j are complete (j < n - 1), and the producer waits
     for it (after EMPTY) before it fills tile j + 1, so that its 64 KB of shared stores land during
     the softmax and PV instead of during the S chains."""

@@ -450,19 +450,7 @@ static_assert(kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem over 
 // warpgroup's partial scores of tile j written, its PV of tile j - 1 done) PV -> math, P_READY (P
 // and the rescale factors of tile j written, the partial of tile j read) math -> PV, OUT among the
 // consumers of a cluster merge. Each handoff buffer is released by the next handoff the other way.
-// S_DONE (GRAPHSAFE_DS4_FILL_AFTER_S) math -> producer: the tile's scores are complete.
-enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarQ = 5, kBarPReady = 6, kBarXReady = 7, kBarOut = 8, kBarSDone = 9 };
-// GRAPHSAFE_DS4_FILL_AFTER_S: when the producer refills a stage. 0: as soon as the consumers release
-// it (EMPTY), which is when they start the S chains of the next tile, so its 64 KB of dequantized
-// shared stores (and its row loads' returns) compete with S for the SM's shared-memory port: in the
-// kernel S took 1.2 us per tile, while bench/wgmma_probe.cu runs the same 32 m64n64k16 on two
-// warpgroups in 0.52 us alone (tensor peak). 1: after EMPTY the producer also waits until the math
-// warpgroup's own S chain is done; 2: until both warpgroups' partial scores are complete (X_READY),
-// so the stores land during the softmax and PV. The stage is still refilled a whole softmax + PV
-// (~1.2 us) before the consumers need it; the fill took ~0.9-1.0 us. Default 0 until measured.
-#ifndef GRAPHSAFE_DS4_FILL_AFTER_S
-#define GRAPHSAFE_DS4_FILL_AFTER_S 0
-#endif
+enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarQ = 5, kBarPReady = 6, kBarXReady = 7, kBarOut = 8 };
 // The paged producer's stand-in for rows it does not load from a cache (invalid slots, rows past
 // the request's length): 576 zero data bytes and zero scales, so such rows dequantize to zeros.
 __device__ __align__(16) std::uint8_t g_zero_row[kRawStride];
@@ -715,9 +703,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         std::uint8_t* kr = Ks + st * kWgKBytes + (r0 >> 3) * kWgRowSbo + (r0 & 7) * 16;
         TL(tl::p_loads_start + (j & 7), tl0);
         if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
-#if GRAPHSAFE_DS4_FILL_AFTER_S
-        if (j >= 1) bar_sync(kBarSDone, kWsConsumers);  // and have the scores of tile t-1
-#endif
         TL(tl::p_empty_ok + (j & 7), tl0);
         if (q == 0) {
           vld[st * 64 + r0] = ok[0] ? 1 : 0;
@@ -777,9 +762,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
           for (int mm = 0; mm < 16; ++mm) v[mm] = d[rr] != nullptr ? __ldg(src + 4 * mm) : make_uint4(0, 0, 0, 0);
           if (rr == 0) {
             if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
-#if GRAPHSAFE_DS4_FILL_AFTER_S
-            if (j >= 1) bar_sync(kBarSDone, kWsConsumers);  // and have the scores of tile t-1
-#endif
             TL(tl::p_empty_ok + (j & 7), tl0);
             if (q == 0) {
               vld[st * 64 + r0] = d[0] != nullptr ? 1 : 0;
@@ -895,16 +877,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         float s[32];
         s_part(s, Kt, MathFirst{}, MathSteps{});
         TL(tl::s_done + (j & 7), tid == 0);
-        // S_DONE for the producer's fill of tile j + 1 into the other stage (its waits: one per fill
-        // of tiles 1 .. n - 1; bench/ws_protocol_model.py checks the counts).
-        [[maybe_unused]] const bool s_done_signal = j + 1 < n;
-#if GRAPHSAFE_DS4_FILL_AFTER_S == 1
-        if (s_done_signal) bar_arrive(kBarSDone, kWsConsumers);
-#endif
         bar_sync(kBarXReady, kWsConsumers);
-#if GRAPHSAFE_DS4_FILL_AFTER_S == 2
-        if (s_done_signal) bar_arrive(kBarSDone, kWsConsumers);
-#endif
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const float4 v = Xs[i * 128 + ct];
