@@ -10,9 +10,11 @@
 //   - a third warpgroup storing to shared memory meanwhile (the producer's 64 KB per tile).
 // Each configuration is checked against a CPU product before it is timed. Per CTA (one per SM, all
 // SMs): cycles per wgmma, and the rate as a fraction of the bf16 dense peak (4096 FLOP per SM clock
-// on sm_90). Build and run on an sm_90a GPU:
+// on sm_90). CMake builds it as build/bench/wgmma_probe when the CUDA architectures include 90a
+// (the default); or directly:
 //   nvcc -O3 -std=c++20 -gencode arch=compute_90a,code=sm_90a -Iinclude -Ikernels/ds4/include -Ikernels/ds4 \
 //     bench/wgmma_probe.cu -o wgmma_probe && ./wgmma_probe
+// Results on the H200: bench/results/wgmma_probe_h200.txt (session 9).
 #include "cuda_support.cuh"
 
 #include <algorithm>
@@ -81,11 +83,16 @@ __device__ inline std::uint64_t vdesc(const std::uint8_t* t, int layout, int ks,
 }
 
 __device__ __forceinline__ void mma_rs(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t db, int acc) {
+#ifdef GRAPHSAFE_DS4_NO_WGMMA  // the compute_90 PTX of a "90a-real;90-virtual" build: never launched
+  (void)d; (void)a; (void)db; (void)acc;
+  __trap();
+#else
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %37;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(0), "r"(acc));
+#endif
 }
 
 struct Cfg {
@@ -275,7 +282,11 @@ void ck(cudaError_t e, const char* w) {
 
 int main() {
   std::setvbuf(stdout, nullptr, _IONBF, 0);  // every line reaches a log even if a variant hangs
-  int dev = 0, sms = 0, cc_major = 0, clock_khz = 0;
+  int dev = 0, sms = 0, cc_major = 0, clock_khz = 0, count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("wgmma_probe: no CUDA device; skipped (it measures the H200's tensor pipe)\n");
+    return 0;
+  }
   ck(cudaGetDevice(&dev), "device");
   ck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "sms");
   ck(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev), "cc");
