@@ -13,7 +13,8 @@
 #   bench/results/*.patch beside the unpatched tree, in one run). BENCH_ARGS: extra
 #   arguments of ds4_attention_bench (default "--types c4,c128,c1 --reps 5"). TL=1: a timeline build
 #   (-DGRAPHSAFE_DS4_TIMELINE) of the first variant, C4. NCU=1: ncu of one paged ws launch at C4
-#   (needs ncu on PATH or under the toolkit). SANITIZE=1: memcheck + racecheck on test_ds4_kernels.
+#   (needs ncu on PATH or under the toolkit) from the first variant's build, or from NCU_BUILD
+#   (e.g. build-it-base); bench/ncu_stalls.py summarizes its stall samples. SANITIZE=1: memcheck + racecheck on test_ds4_kernels.
 set -u -o pipefail
 : "${OUT:?set OUT}"
 JOBS=${JOBS:-16}
@@ -206,10 +207,12 @@ if [ "${NCU:-0}" = 1 ]; then
   if [ -n "$NCU_BIN" ]; then
     say "ncu ($NCU_BIN)"
     timeout "$(lim 300)" "$NCU_BIN" --clock-control none -k regex:ws_kernel --launch-skip 8 --launch-count 1 --set full \
-      --import-source yes -o "$OUT/ws_c4" build/bench/ds4_attention_bench --types c4 --layers 12 --reps 1 >"$OUT/ncu_run.log" 2>&1
+      --import-source yes -o "$OUT/ws_c4" "${NCU_BUILD:-build}/bench/ds4_attention_bench" --types c4 --layers 12 --reps 1 >"$OUT/ncu_run.log" 2>&1
     "$NCU_BIN" --import "$OUT/ws_c4.ncu-rep" --page details >"$OUT/ncu_details.txt" 2>&1
     "$NCU_BIN" --import "$OUT/ws_c4.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_sass.csv" 2>&1
     gzip -f "$OUT/ncu_sass.csv"
+    # Stall samples per instruction class (S / PV wgmma, their waits, barriers, loads, stores).
+    python3 bench/ncu_stalls.py "$OUT/ncu_sass.csv.gz" >"$OUT/ncu_stalls.txt" 2>&1; head -30 "$OUT/ncu_stalls.txt"
     grep -E "Duration|Throughput|Pipe|Tensor|Shared|Stall|Issue|Eligible|Active Warps" "$OUT/ncu_details.txt" | head -60
   else
     echo "no ncu"
