@@ -278,6 +278,81 @@ void ck(cudaError_t e, const char* w) {
   }
 }
 
+
+// ---- Pipeline probe: the kernel's handoff around the S chains -------------------------------
+// The table above runs the chains on a static tile. In the ws kernel each tile is first stored
+// by the producer warpgroup (generic proxy), published with fence.proxy.async + a FULL named
+// barrier, and the producer has row loads in flight meanwhile; there S took 2,344 cycles per tile
+// (1,037 here) and grew with the loads' latency. This kernel rebuilds only that handoff: the
+// producer stores 64 KB per tile into one of two stages from the rows it loaded (LOADS: 0 none,
+// 1 rows from HBM, 2 rows from a 19 MB L2-resident window), issues the next tile's loads before
+// the fence (AFTER = false, the kernel today) or after the FULL arrive (AFTER = true,
+// GRAPHSAFE_DS4_LOADS_AFTER_FULL), with or without the proxy fence (FENCE = false is racy: timing
+// only); the two consumer warpgroups wait FULL, run their S chain on the stage, and release it.
+constexpr long long kL2Rows = 1ll << 15;  // x 576 B = 19 MB
+template <int LOADS, bool AFTER, bool FENCE>
+__global__ void __launch_bounds__(384, 1) pipe_probe(Args a, int ntiles) {
+  extern __shared__ __align__(1024) std::uint8_t smem[];
+  std::uint8_t* Q = smem;
+  std::uint8_t* K = smem + kTileBytes;  // two stages
+  const int tid = threadIdx.x, wg = tid >> 7, ct = tid & 127;
+  for (int i = tid; i < kRows * kDim; i += 384)
+    *reinterpret_cast<std::uint16_t*>(Q + tile_off(kInter, i / kDim, i % kDim)) = a.q[i];
+  fence_proxy_async();
+  __syncthreads();
+  if (wg == 2) {
+    const int row = ct >> 1, half = ct & 1;  // half a 576-byte row per thread: 18 x 16 bytes
+    uint4 w[18];
+    auto issue = [&](int t) {
+      if constexpr (LOADS != 0) {
+        const unsigned i = static_cast<unsigned>((blockIdx.x * 131 + t) * 64 + row);
+        const long long r = LOADS == 1 ? row_of(i) : (row_of(i) & (kL2Rows - 1));
+        const uint4* src = reinterpret_cast<const uint4*>(a.big + r * kRowBytes) + 18 * half;
+#pragma unroll
+        for (int k = 0; k < 18; ++k) w[k] = __ldg(src + k);
+      }
+    };
+#pragma unroll
+    for (int k = 0; k < 18; ++k) w[k] = make_uint4(k, ct, 0, 0);
+    issue(0);
+    for (int j = 0; j < ntiles; ++j) {
+      const int st = j & 1;
+      if (j >= 2) asm volatile("bar.sync %0, 384;" ::"r"(3 + st) : "memory");
+      uint4* dst = reinterpret_cast<uint4*>(K + st * kTileBytes);
+#pragma unroll
+      for (int k = 0; k < 32; ++k) dst[k * 128 + ct] = w[k % 18];
+      if (!AFTER) issue(j + 1);
+      if (FENCE) fence_proxy_async();
+      asm volatile("bar.arrive %0, 384;" ::"r"(1 + st) : "memory");
+      if (AFTER) issue(j + 1);
+    }
+    if (w[3].x == 0x7fffffffu) a.sink[0] = w[5].y;
+    return;
+  }
+  float acc[32];
+  unsigned long long s_cyc = 0;
+  const unsigned long long t0 = clock64();
+  for (int j = 0; j < ntiles; ++j) {
+    const int st = j & 1;
+    asm volatile("bar.sync %0, 384;" ::"r"(1 + st) : "memory");
+    const unsigned long long c0 = clock64();
+    const std::uint8_t* Kt = K + st * kTileBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 16; ++s) wgmma_m64n64k16(acc, kdesc(Q, kInter, 16 * wg + s), kdesc(Kt, kInter, 16 * wg + s), s > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    s_cyc += clock64() - c0;
+    if (j + 2 < ntiles) asm volatile("bar.arrive %0, 384;" ::"r"(3 + st) : "memory");
+  }
+  const unsigned long long t1 = clock64();
+  if (ct == 0) {
+    a.cyc[blockIdx.x * 2 + wg] = s_cyc / ntiles;
+    if (wg == 0) a.s_out[blockIdx.x] = static_cast<float>(t1 - t0) / ntiles;
+  }
+  if (acc[7] == 12345.f) a.sink[0] = 1;
+}
+
 }  // namespace
 
 int main() {
@@ -391,6 +466,40 @@ int main() {
                     100.0 * wgs * flop / clk / 4096.0, ok ? "" : "  WRONG RESULT");
       }
     if (!ok) std::printf("  %s: max |err| %.3g vs CPU\n", v.cfg.name, max_err);
+  }
+  // The pipeline probe (timing only; the consumers' scores are not checked: the tiles hold row bytes).
+  struct Pipe {
+    const char* name;
+    void (*fn)(Args, int);
+  };
+  const Pipe ps[] = {
+      {"no loads", pipe_probe<0, false, true>},
+      {"L2 rows, loads before fence", pipe_probe<2, false, true>},
+      {"L2 rows, loads after FULL", pipe_probe<2, true, true>},
+      {"L2 rows, no fence (racy)", pipe_probe<2, false, false>},
+      {"HBM rows, loads before fence", pipe_probe<1, false, true>},
+      {"HBM rows, loads after FULL", pipe_probe<1, true, true>},
+      {"HBM rows, no fence (racy)", pipe_probe<1, false, false>},
+  };
+  constexpr int kTiles = 64;
+  std::printf("\npipeline probe: producer stores 64 KB per tile, fence + FULL, 2 stages; %d tiles per CTA\n", kTiles);
+  std::printf("%-32s %14s %14s\n", "variant", "S clk / tile", "tile clk");
+  for (const Pipe& v : ps) {
+    ck(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem attr");
+    v.fn<<<sms, 384, smem>>>(args, kTiles);
+    ck(cudaDeviceSynchronize(), v.name);
+    std::vector<unsigned long long> cyc(sms * 2);
+    std::vector<float> per(sms);
+    ck(cudaMemcpy(cyc.data(), dc, cyc.size() * 8, cudaMemcpyDeviceToHost), "copy back");
+    ck(cudaMemcpy(per.data(), ds, per.size() * 4, cudaMemcpyDeviceToHost), "copy back");
+    std::vector<double> sc, tc;
+    for (int b = 0; b < sms; ++b) {
+      sc.push_back(double(cyc[b * 2]));
+      tc.push_back(per[b]);
+    }
+    std::sort(sc.begin(), sc.end());
+    std::sort(tc.begin(), tc.end());
+    std::printf("%-32s %14.0f %14.0f\n", v.name, sc[sc.size() / 2], tc[tc.size() / 2]);
   }
   std::printf("wgmma_probe: %s\n", all_ok ? "every variant matches the CPU product" : "SOME VARIANTS ARE WRONG");
   return all_ok ? 0 : 1;
