@@ -451,17 +451,6 @@ static_assert(kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem over 
 // and the rescale factors of tile j written, the partial of tile j read) math -> PV, OUT among the
 // consumers of a cluster merge. Each handoff buffer is released by the next handoff the other way.
 enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarQ = 5, kBarPReady = 6, kBarXReady = 7, kBarOut = 8 };
-// GRAPHSAFE_DS4_LOADS_AFTER_FULL (default 0; session 9, compiled only): the producer issues no
-// global load between its stores of a tile and FULL: the next tile's row A loads and the slot
-// loads of tile t + 3 move after the FULL arrive (row B's already were). The hypothesis it tests:
-// in session 9's timelines the consumers' S chains took 1,431 / 2,344 / 3,025 cycles with the
-// producer's loads hitting L1 / L2 / HBM, against 1,037 in bench/wgmma_probe.cu, whose loading
-// warpgroup (no proxy fence, no FULL handoff) did not slow them; if the fence.proxy.async before
-// FULL makes the consumers' wgmma reads wait for the producer's outstanding loads, S should drop
-// to ~0.6 us with this flag.
-#ifndef GRAPHSAFE_DS4_LOADS_AFTER_FULL
-#define GRAPHSAFE_DS4_LOADS_AFTER_FULL 0
-#endif
 // The paged producer's stand-in for rows it does not load from a cache (invalid slots, rows past
 // the request's length): 576 zero data bytes and zero scales, so such rows dequantize to zeros.
 __device__ __align__(16) std::uint8_t g_zero_row[kRawStride];
@@ -709,10 +698,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       for (int j = 0; j < n; ++j) {
         const int t = t_begin + j, st = j & 1;
         int sl3[2];
-#if !GRAPHSAFE_DS4_LOADS_AFTER_FULL
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) sl3[rr] = fetch_slot(t + 3, r0 + 8 * rr);
-#endif
         std::uint8_t* kr = Ks + st * kWgKBytes + (r0 >> 3) * kWgRowSbo + (r0 & 7) * 16;
         TL(tl::p_loads_start + (j & 7), tl0);
         if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
@@ -724,19 +711,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         TLDEP(tl::p_loads_issued + (j & 7), tl0, w[0][8].w);
         store_row(kr, 0);
         ok[0] = pd[0] != zero;
-#if !GRAPHSAFE_DS4_LOADS_AFTER_FULL
         issue_row(0, pd[0], ps[0]);  // row A of the next tile (the zero row past t_end)
-#endif
         store_row(kr, 1);
         TL(tl::p_stores_done + (j & 7), tl0);
         fence_proxy_async();
         TL(tl::p_full_arrive + (j & 7), tl0);
         bar_arrive(kBarFull0 + st, kWsThreads);
-#if GRAPHSAFE_DS4_LOADS_AFTER_FULL
-        issue_row(0, pd[0], ps[0]);
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) sl3[rr] = fetch_slot(t + 3, r0 + 8 * rr);
-#endif
         ok[1] = pd[1] != zero;
         issue_row(1, pd[1], ps[1]);  // row B of the next tile
 #pragma unroll
@@ -769,10 +749,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       for (int j = 0; j < n; ++j) {
         const int t = t_begin + j, st = j & 1;
         int sl3[2];
-#if !GRAPHSAFE_DS4_LOADS_AFTER_FULL
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) sl3[rr] = fetch_slot(t + 3, r0 + 8 * rr);
-#endif
         const std::uint8_t* d[2] = {row_ptr(sl0[0]), row_ptr(sl0[1])};
         std::uint8_t* kr = Ks + st * kWgKBytes + (r0 >> 3) * kWgRowSbo + (r0 & 7) * 16;
         TL(tl::p_loads_start + (j & 7), tl0);
@@ -797,10 +775,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         fence_proxy_async();
         TL(tl::p_full_arrive + (j & 7), tl0);
         bar_arrive(kBarFull0 + st, kWsThreads);
-#if GRAPHSAFE_DS4_LOADS_AFTER_FULL
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) sl3[rr] = fetch_slot(t + 3, r0 + 8 * rr);
-#endif
         l2_prefetch(sl2);
         TL(tl::p_prefetched + (j & 7), tl0);
 #pragma unroll
