@@ -289,12 +289,16 @@ void ck(cudaError_t e, const char* w) {
 // the fence (AFTER = false, the kernel today) or after the FULL arrive (AFTER = true,
 // GRAPHSAFE_DS4_LOADS_AFTER_FULL), with or without the proxy fence (FENCE = false is racy: timing
 // only); the two consumer warpgroups wait FULL, run their S chain on the stage, and release it.
+// VLD: warpgroup 0 first reads the stage's 64 valid-row flags (8 x 8-byte shared loads, which the
+// producer stored with the tile) and tests them before its chain, as the kernel's math warpgroup
+// does (in its SASS the compares sit before WARPGROUP.ARRIVE).
 constexpr long long kL2Rows = 1ll << 15;  // x 576 B = 19 MB
-template <int LOADS, bool AFTER, bool FENCE>
+template <int LOADS, bool AFTER, bool FENCE, bool VLD = false>
 __global__ void __launch_bounds__(384, 1) pipe_probe(Args a, int ntiles) {
   extern __shared__ __align__(1024) std::uint8_t smem[];
   std::uint8_t* Q = smem;
   std::uint8_t* K = smem + kTileBytes;  // two stages
+  int* vld = reinterpret_cast<int*>(smem + 3 * kTileBytes + 256);  // [2 stages][64]
   const int tid = threadIdx.x, wg = tid >> 7, ct = tid & 127;
   for (int i = tid; i < kRows * kDim; i += 384)
     *reinterpret_cast<std::uint16_t*>(Q + tile_off(kInter, i / kDim, i % kDim)) = a.q[i];
@@ -321,6 +325,7 @@ __global__ void __launch_bounds__(384, 1) pipe_probe(Args a, int ntiles) {
       uint4* dst = reinterpret_cast<uint4*>(K + st * kTileBytes);
 #pragma unroll
       for (int k = 0; k < 32; ++k) dst[k * 128 + ct] = w[k % 18];
+      if (ct < 64) vld[st * 64 + ct] = (w[0].x & 1) | 1;
       if (!AFTER) issue(j + 1);
       if (FENCE) fence_proxy_async();
       asm volatile("bar.arrive %0, 384;" ::"r"(1 + st) : "memory");
@@ -337,6 +342,15 @@ __global__ void __launch_bounds__(384, 1) pipe_probe(Args a, int ntiles) {
     asm volatile("bar.sync %0, 384;" ::"r"(1 + st) : "memory");
     const unsigned long long c0 = clock64();
     const std::uint8_t* Kt = K + st * kTileBytes;
+    if (VLD && wg == 0) {
+      const int qc = 2 * (ct & 3);
+      unsigned vmask = 0;
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+        for (int e1 = 0; e1 < 2; ++e1) vmask |= (vld[st * 64 + nb * 8 + qc + e1] != 0 ? 1u : 0u) << (2 * nb + e1);
+      if (vmask == 0x12345u) a.sink[0] = 3;  // the compares complete before the chain starts
+    }
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 16; ++s) wgmma_m64n64k16(acc, kdesc(Q, kInter, 16 * wg + s), kdesc(Kt, kInter, 16 * wg + s), s > 0);
@@ -395,7 +409,7 @@ int main() {
   ck(cudaMemset(big, 1, kBigRows * kRowBytes), "memset big");
   ck(cudaMalloc(&sink, 4), "malloc");
   Args args{dq, dk, big, sink, ds, dc};
-  const int smem = 3 * kTileBytes + 128;  // Q, K, scratch, done flag + mbarrier
+  const int smem = 3 * kTileBytes + 1024;  // Q, K, scratch (or 2 stages), done flag, mbarrier, flags
 
   struct Variant {
     Cfg cfg;
@@ -480,10 +494,13 @@ int main() {
       {"HBM rows, loads before fence", pipe_probe<1, false, true>},
       {"HBM rows, loads after FULL", pipe_probe<1, true, true>},
       {"HBM rows, no fence (racy)", pipe_probe<1, false, false>},
+      {"no loads, flags read before S", pipe_probe<0, false, true, true>},
+      {"L2 rows, flags read before S", pipe_probe<2, false, true, true>},
+      {"HBM rows, flags read before S", pipe_probe<1, false, true, true>},
   };
   constexpr int kTiles = 64;
   std::printf("\npipeline probe: producer stores 64 KB per tile, fence + FULL, 2 stages; %d tiles per CTA\n", kTiles);
-  std::printf("%-32s %14s %14s\n", "variant", "S clk / tile", "tile clk");
+  std::printf("%-32s %14s %14s\n", "variant", "S clk / tile", "tile clk");  // S: warpgroup 0
   for (const Pipe& v : ps) {
     ck(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem attr");
     v.fn<<<sms, 384, smem>>>(args, kTiles);
