@@ -14,7 +14,8 @@
 #   arguments of ds4_attention_bench (default "--types c4,c128,c1 --reps 5"). TL=1: a timeline build
 #   (-DGRAPHSAFE_DS4_TIMELINE) of the first variant, C4. NCU=1: ncu of one paged ws launch at C4
 #   (needs ncu on PATH or under the toolkit) from the first variant's build, or from NCU_BUILD
-#   (e.g. build-it-base); bench/ncu_stalls.py summarizes its stall samples. SANITIZE=1: memcheck + racecheck on test_ds4_kernels.
+#   (e.g. build-it-base); bench/ncu_stalls.py summarizes its stall samples. SANITIZE=1: memcheck +
+#   racecheck on test_ds4_kernels. PROBE=1: bench/wgmma_probe (once, from the first variant's build).
 set -u -o pipefail
 : "${OUT:?set OUT}"
 JOBS=${JOBS:-16}
@@ -172,6 +173,20 @@ if [ "${TESTS:-0}" = 1 ]; then
       TABLE+=("$tool test_ds4_kernels: rc $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases|All tests passed' "$OUT/san.$tool.log" | tr '\n' ' ')")
       [ $rc -eq 0 ] || fail "$tool test_ds4_kernels (san.$tool.log)"
     done
+  fi
+fi
+# PROBE=1: bench/wgmma_probe.cu (the MMA shapes alone and inside a rebuilt producer handoff),
+# built in the first variant's folder; it does not use the kernel, so one run serves all variants.
+if [ "${PROBE:-0}" = 1 ]; then
+  say "wgmma_probe"
+  if ninja -C "$dir" -j"$JOBS" wgmma_probe >"$OUT/build.wgmma_probe.log" 2>&1; then
+    timeout "$(lim 60)" "$dir/bench/wgmma_probe" >"$OUT/wgmma_probe.txt" 2>&1
+    rc=$?
+    tail -n 14 "$OUT/wgmma_probe.txt"
+    TABLE+=("wgmma_probe: rc $rc $(tail -n 1 "$OUT/wgmma_probe.txt")")
+    [ $rc -eq 0 ] || fail "wgmma_probe (wgmma_probe.txt)"
+  else
+    fail "wgmma_probe: build (build.wgmma_probe.log)"
   fi
 fi
 for v in "${!BPID[@]}"; do

@@ -1,25 +1,25 @@
-// wgmma_probe: how fast do the attention kernel's two wgmma shapes run on their own, per shared-memory
-// layout? A diagnostic for the ws kernel's tile loop (kernels/ds4/sparse_attention.cu), whose S step
-// (32 x m64n64k16 split over two warpgroups, A = Q and B = K both from shared memory) took
-// 1.1-1.2 us per tile on the H200, about twice the tensor pipe's time for that work, and did not
-// overlap with PV (session 7: S and PV issued together took S + PV). Candidates this separates:
+// wgmma_probe: how fast do the attention kernel's two wgmma shapes run on their own, and inside the
+// kernel's producer handoff? A diagnostic for the ws kernel's tile loop
+// (kernels/ds4/sparse_attention.cu), whose S step (32 x m64n64k16 split over two warpgroups, A = Q
+// and B = K both from shared memory) took 1.1-1.2 us per tile on the H200, about twice the tensor
+// pipe's time for that work. The first table separates:
 //   - the no-swizzle ("interleave") layout the kernel uses vs 128-byte swizzle (what CUTLASS,
 //     DeepGEMM and FlashMLA use);
 //   - A from shared memory vs registers (halves the operand bytes an m64n64k16 reads);
 //   - one accumulator chain per warpgroup vs two (even / odd k steps);
-//   - a third warpgroup storing to shared memory meanwhile (the producer's 64 KB per tile).
-// Each configuration is checked against a CPU product before it is timed. Per CTA (one per SM, all
-// SMs): cycles per wgmma, and the rate as a fraction of the bf16 dense peak (4096 FLOP per SM clock
-// on sm_90). CMake builds it as build/bench/wgmma_probe when the CUDA architectures include 90a
-// (the default); or directly:
-//   nvcc -O3 -std=c++20 -gencode arch=compute_90a,code=sm_90a -Iinclude -Ikernels/ds4/include -Ikernels/ds4 \
-//     bench/wgmma_probe.cu -o wgmma_probe && ./wgmma_probe
-// Results on the H200: bench/results/wgmma_probe_h200.txt (session 9).
+//   - a third warpgroup loading rows from HBM, storing to shared memory, or bulk-copying meanwhile.
+// Each configuration is checked against a CPU product (the DS4 reference's bf16 conversions)
+// before it is timed. Per CTA (one per SM, all SMs): cycles per wgmma, and the rate as a fraction
+// of the bf16 dense peak (4096 FLOP per SM clock on sm_90). The second table ("pipeline probe",
+// further down) rebuilds the producer -> consumer handoff around S. CMake builds it as
+// build/bench/wgmma_probe when the CUDA architectures include 90a (the default); bench/ds4_iterate.sh
+// PROBE=1 runs it on the device. Results on the H200: bench/results/wgmma_probe_h200.txt (session 9).
 #include "cuda_support.cuh"
+
+#include <graphsafe/ds4/reference.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -264,11 +264,12 @@ __global__ void __launch_bounds__(384, 1) probe(Args a, int wgs, int store) {
   }
 }
 
-float bf(std::uint16_t v) {
-  std::uint32_t u = static_cast<std::uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+using graphsafe::ds4::ref::bf16_from_float;
+using graphsafe::ds4::ref::bf16_to_float;
+
+double median(std::vector<double> x) {  // of per-CTA figures
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
 }
 
 void ck(cudaError_t e, const char* w) {
@@ -387,13 +388,8 @@ int main() {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   std::vector<std::uint16_t> hq(kRows * kDim), hk(kRows * kDim);
-  auto tobf = [](float f) {
-    std::uint32_t x;
-    std::memcpy(&x, &f, 4);
-    return static_cast<std::uint16_t>((x + 0x7FFF + ((x >> 16) & 1)) >> 16);
-  };
-  for (auto& v : hq) v = tobf(u(rng));
-  for (auto& v : hk) v = tobf(u(rng));
+  for (auto& v : hq) v = bf16_from_float(u(rng));
+  for (auto& v : hk) v = bf16_from_float(u(rng));
   std::uint16_t *dq, *dk;
   float* ds;
   unsigned long long* dc;
@@ -446,14 +442,14 @@ int main() {
         for (int i = 0; i < kRows; ++i)
           for (int j = 0; j < kRows; ++j) {
             double ref = 0;
-            for (int k = 256 * w; k < 256 * w + 256; ++k) ref += double(bf(hq[i * kDim + k])) * bf(hk[j * kDim + k]);
+            for (int k = 256 * w; k < 256 * w + 256; ++k) ref += double(bf16_to_float(hq[i * kDim + k])) * bf16_to_float(hk[j * kDim + k]);
             max_err = std::fmax(max_err, std::fabs(ref - got[w * kRows * kRows + i * kRows + j]));
           }
     } else {
       for (int i = 0; i < kRows; ++i)
         for (int d = 0; d < kDim; ++d) {
           double ref = 0;
-          for (int k = 0; k < kRows; ++k) ref += double(bf(hq[i * kDim + k])) * bf(hk[k * kDim + d]);
+          for (int k = 0; k < kRows; ++k) ref += double(bf16_to_float(hq[i * kDim + k])) * bf16_to_float(hk[k * kDim + d]);
           max_err = std::fmax(max_err, std::fabs(ref - got[i * kDim + d]));
         }
     }
@@ -469,10 +465,8 @@ int main() {
         ck(cudaMemcpy(cyc.data(), dc, cyc.size() * 8, cudaMemcpyDeviceToHost), "copy back");
         std::vector<double> per;
         for (int b = 0; b < sms; ++b) per.push_back(double(cyc[b * 2]));
-        std::sort(per.begin(), per.end());
-        const double med = per[per.size() / 2];
         const int per_rep = v.cfg.pv ? 8 : 16;
-        const double clk = med / (kReps * per_rep);
+        const double clk = median(per) / (kReps * per_rep);
         const double flop = v.cfg.pv ? 64.0 * 128 * 16 * 2 : 64.0 * 64 * 16 * 2;
         const double clk_ghz = clock_khz / 1e6;
         const double tf = wgs * flop / clk * clk_ghz * 1e9 / 1e12;
@@ -515,11 +509,7 @@ int main() {
       s1.push_back(double(cyc[b * 2 + 1]));
       tc.push_back(per[b]);
     }
-    auto med = [](std::vector<double>& x) {
-      std::sort(x.begin(), x.end());
-      return x[x.size() / 2];
-    };
-    std::printf("%-32s %12.0f %12.0f %10.0f\n", v.name, med(s0), med(s1), med(tc));
+    std::printf("%-32s %12.0f %12.0f %10.0f\n", v.name, median(s0), median(s1), median(tc));
   }
   std::printf("wgmma_probe: %s\n", all_ok ? "every variant matches the CPU product" : "SOME VARIANTS ARE WRONG");
   return all_ok ? 0 : 1;
