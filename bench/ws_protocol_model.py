@@ -18,55 +18,35 @@ import sys
 MAX_TILES = 7
 
 
-def head(n):
-    """The shipped loop (session 7): whole-stage FULL / EMPTY of 384 threads, lockstep consumers."""
+def head(n, s_done=False):
+    """The shipped loop (session 7): whole-stage FULL / EMPTY of 384 threads, lockstep consumers.
+
+    s_done=True is session 9's -DGRAPHSAFE_DS4_FILL_AFTER_S (bench/results/
+    ds4_ws_session9_diagnostics.patch; measured on the H200: correct, racecheck clean, 0.9 us
+    slower): S_DONE (256 threads), which the math warpgroup arrives at once the scores of tile j
+    are complete (j < n - 1) and the producer waits for (after EMPTY) before it fills tile j + 1,
+    so that its 64 KB of shared stores land during the softmax and PV instead of during S."""
     prod, math, pv = [], [], []
     for j in range(n):
         st = j & 1
         if j >= 2:
             prod.append(("sync", f"EMPTY{st}", 3))
+        if s_done and j >= 1:
+            prod.append(("sync", "SDONE", 2))
         prod.append(("arrive", f"FULL{st}", 3))
     for role in (math, pv):
         if n > 0:
             role.append(("sync", "Q", 2))
         for j in range(n):
             st = j & 1
-            role += [("sync", f"FULL{st}", 3), ("sync", "X", 2), ("sync", "P", 2)]
+            role += [("sync", f"FULL{st}", 3), ("sync", "X", 2)]
+            if s_done and role is math and j + 1 < n:
+                role.append(("arrive", "SDONE", 2))
+            role.append(("sync", "P", 2))
             if j + 2 < n:
                 role.append(("arrive", f"EMPTY{st}", 3))
         role.append(("sync", "Q", 2))
     return {"producer": prod, "math": math, "pv": pv}
-
-
-def fill_after_s(n):
-    """Session 9 (-DGRAPHSAFE_DS4_FILL_AFTER_S of bench/results/ds4_ws_session9_diagnostics.patch;
-    measured on the H200: correct, racecheck clean, 0.9 us slower): as head, plus S_DONE (256 threads): the math
-    warpgroup arrives once the scores of tile j are complete (j < n - 1), and the producer waits
-    for it (after EMPTY) before it fills tile j + 1, so that its 64 KB of shared stores land during
-    the softmax and PV instead of during the S chains."""
-    progs = head(n)
-    prod = []
-    for j in range(n):
-        st = j & 1
-        if j >= 2:
-            prod.append(("sync", f"EMPTY{st}", 3))
-        if j >= 1:
-            prod.append(("sync", "SDONE", 2))
-        prod.append(("arrive", f"FULL{st}", 3))
-    math = []
-    if n > 0:
-        math.append(("sync", "Q", 2))
-    for j in range(n):
-        st = j & 1
-        math += [("sync", f"FULL{st}", 3), ("sync", "X", 2)]
-        if j + 1 < n:
-            math.append(("arrive", "SDONE", 2))
-        math.append(("sync", "P", 2))
-        if j + 2 < n:
-            math.append(("arrive", f"EMPTY{st}", 3))
-    math.append(("sync", "Q", 2))
-    progs["producer"], progs["math"] = prod, math
-    return progs
 
 
 def pv_ahead(n, full_per_warpgroup=True, half_stages=True):
@@ -177,7 +157,7 @@ def check(progs):
 def main():
     cases = [
         ("shipped (session 7)", head, True),
-        ("fill after S: the producer waits for S_DONE after EMPTY (session 9)", fill_after_s, True),
+        ("fill after S: the producer waits for S_DONE after EMPTY (session 9)", lambda n: head(n, s_done=True), True),
         ("PV ahead, one 384-thread FULL (session 8 run 1)", lambda n: pv_ahead(n, False), False),
         ("PV ahead, FULL per warpgroup, whole stages (run 3)", lambda n: pv_ahead(n, True, False), True),
         ("PV ahead, FULL and EMPTY per warpgroup, half stages (patch default)", lambda n: pv_ahead(n), True),
