@@ -200,8 +200,8 @@ void print_timeline(const std::vector<unsigned long long>& v, int grid, double c
         d[tag + "f4 producer fence.proxy.async"].push_back(us(r[tl::p_stores_done + j], r[tl::p_full_arrive + j]));
         if (j > 0) d[tag + "g3 producer FULL(j-1) arrive -> EMPTY(j) passed"].push_back(us(r[tl::p_full_arrive + j - 1], r[tl::p_empty_ok + j]));
         if (j < 4) {
-          d[tag + "e1 math wg: own S half done -> partial added"].push_back(us(r[tl::s_done + j], r[tl::c_x_bar + j]));
-          d[tag + "e2 math wg: partial added -> P handed over, O rescaled"].push_back(us(r[tl::c_x_bar + j], r[tl::c_pv_start + j]));
+          d[tag + "e1 math wg: S done -> P_FREE (PV wg done with j - 1)"].push_back(us(r[tl::s_done + j], r[tl::c_x_bar + j]));
+          d[tag + "e2 math wg: P_FREE -> P handed over, O rescaled"].push_back(us(r[tl::c_x_bar + j], r[tl::c_pv_start + j]));
           d[tag + "e3 math wg: PV (own half)"].push_back(us(r[tl::c_pv_start + j], r[tl::pv_done + j]));
         }
         d[tag + "h consumer waits FULL (arrive -> acquired)"].push_back(us(r[tl::p_full_arrive + j], r[tl::full + j]));

@@ -294,7 +294,14 @@ void ck(cudaError_t e, const char* w) {
 // producer stored with the tile) and tests them before its chain, as the kernel's math warpgroup
 // does (in its SASS the compares sit before WARPGROUP.ARRIVE).
 constexpr long long kL2Rows = 1ll << 15;  // x 576 B = 19 MB
-template <int LOADS, bool AFTER, bool FENCE, bool VLD = false>
+// MODE (what the producer does besides, session 10): 0 the kernel's scheme above; 1 the loads of the
+// next tile are waited for before the fence (no load in flight during S; the latency is exposed);
+// 2 no shared stores (loads only, folded into a register: the stage keeps old bytes); 3 the
+// copy-engine producer: cp.async.bulk of the tile's 64 raw rows (576 B each) into the upper 36 KB
+// of the free stage, an mbarrier wait, then each half (32 rows) read to registers (LDS) and stored
+// as the 64 KB bf16-sized tile in place (the raw rows of a half lie above the bytes the half before
+// it writes); 4 no loads and no stores (the producer only hands the stages over).
+template <int LOADS, bool AFTER, bool FENCE, bool VLD = false, int MODE = 0>
 __global__ void __launch_bounds__(384, 1) pipe_probe(Args a, int ntiles) {
   extern __shared__ __align__(1024) std::uint8_t smem[];
   std::uint8_t* Q = smem;
@@ -319,18 +326,70 @@ __global__ void __launch_bounds__(384, 1) pipe_probe(Args a, int ntiles) {
     };
 #pragma unroll
     for (int k = 0; k < 18; ++k) w[k] = make_uint4(k, ct, 0, 0);
+    if constexpr (MODE == 3) {
+      std::uint64_t* mbar = reinterpret_cast<std::uint64_t*>(smem + 3 * kTileBytes + 1024 - 64);  // [2]
+      if (ct == 0) {
+        mbar_init(mbar, 1);
+        mbar_init(mbar + 1, 1);
+      }
+      asm volatile("bar.sync 5, 128;" ::: "memory");
+      constexpr int kRawOff = kTileBytes - 64 * kRowBytes;  // 28672: raw row r at kRawOff + 576 r
+      unsigned phase[2] = {0, 0};
+      for (int j = 0; j < ntiles; ++j) {
+        const int st = j & 1;
+        std::uint8_t* stage = K + st * kTileBytes;
+        if (j >= 2) asm volatile("bar.sync %0, 384;" ::"r"(3 + st) : "memory");
+        if (ct == 0) mbar_arrive_expect_tx(mbar + st, 64 * kRowBytes);
+        asm volatile("bar.sync 5, 128;" ::: "memory");
+        if (ct < 64) {
+          const unsigned i = static_cast<unsigned>((blockIdx.x * 131 + j) * 64 + ct);
+          const long long r = LOADS == 1 ? row_of(i) : (row_of(i) & (kL2Rows - 1));
+          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                           smem_u32(stage + kRawOff + ct * kRowBytes)),
+                       "l"(a.big + r * kRowBytes), "r"(kRowBytes), "r"(smem_u32(mbar + st))
+                       : "memory");
+        }
+        mbar_wait_cluster(mbar + st, phase[st]);
+        phase[st] ^= 1;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // thread ct: row 32 h + ct / 4, quarter ct % 4 (144 raw bytes -> 256)
+          const uint4* src = reinterpret_cast<const uint4*>(stage + kRawOff + (32 * h + (ct >> 2)) * kRowBytes) + 9 * (ct & 3);
+#pragma unroll
+          for (int k = 0; k < 9; ++k) w[k] = src[k];
+          asm volatile("bar.sync 5, 128;" ::: "memory");  // the half's raw bytes are read before they are overwritten
+          uint4* dst = reinterpret_cast<uint4*>(stage + h * (kTileBytes / 2));
+#pragma unroll
+          for (int k = 0; k < 16; ++k) dst[k * 128 + ct] = w[k % 9];
+        }
+        if (ct < 64) vld[st * 64 + ct] = (w[0].x & 1) | 1;
+        if (FENCE) fence_proxy_async();
+        asm volatile("bar.arrive %0, 384;" ::"r"(1 + st) : "memory");
+      }
+    } else {
     issue(0);
     for (int j = 0; j < ntiles; ++j) {
       const int st = j & 1;
       if (j >= 2) asm volatile("bar.sync %0, 384;" ::"r"(3 + st) : "memory");
       uint4* dst = reinterpret_cast<uint4*>(K + st * kTileBytes);
+      if constexpr (MODE != 2 && MODE != 4) {
 #pragma unroll
-      for (int k = 0; k < 32; ++k) dst[k * 128 + ct] = w[k % 18];
-      if (ct < 64) vld[st * 64 + ct] = (w[0].x & 1) | 1;
-      if (!AFTER) issue(j + 1);
+        for (int k = 0; k < 32; ++k) dst[k * 128 + ct] = w[k % 18];
+        if (ct < 64) vld[st * 64 + ct] = (w[0].x & 1) | 1;
+      } else if constexpr (MODE == 2) {
+#pragma unroll
+        for (int k = 0; k < 18; ++k) w[0].y ^= w[k].x;
+      }
+      if (!AFTER && MODE != 4) issue(j + 1);
+      if constexpr (MODE == 1) {
+        unsigned x = 0;
+#pragma unroll
+        for (int k = 0; k < 18; ++k) x ^= w[k].x ^ w[k].w;
+        if (x == 0x7fffffffu) a.sink[0] = 2;  // the loads have landed before the fence
+      }
       if (FENCE) fence_proxy_async();
       asm volatile("bar.arrive %0, 384;" ::"r"(1 + st) : "memory");
-      if (AFTER) issue(j + 1);
+      if (AFTER && MODE != 4) issue(j + 1);
+    }
     }
     if (w[3].x == 0x7fffffffu) a.sink[0] = w[5].y;
     return;
@@ -491,6 +550,13 @@ int main() {
       {"no loads, flags read before S", pipe_probe<0, false, true, true>},
       {"L2 rows, flags read before S", pipe_probe<2, false, true, true>},
       {"HBM rows, flags read before S", pipe_probe<1, false, true, true>},
+      {"no loads, no stores", pipe_probe<0, false, true, false, 4>},
+      {"L2 rows, no stores", pipe_probe<2, false, true, false, 2>},
+      {"HBM rows, no stores", pipe_probe<1, false, true, false, 2>},
+      {"L2 rows, landed before fence", pipe_probe<2, false, true, false, 1>},
+      {"HBM rows, landed before fence", pipe_probe<1, false, true, false, 1>},
+      {"L2 rows, bulk + in-place", pipe_probe<2, false, true, false, 3>},
+      {"HBM rows, bulk + in-place", pipe_probe<1, false, true, false, 3>},
   };
   constexpr int kTiles = 64;
   std::printf("\npipeline probe: producer stores 64 KB per tile, fence + FULL, 2 stages; %d tiles per CTA\n", kTiles);

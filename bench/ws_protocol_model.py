@@ -21,6 +21,8 @@ MAX_TILES = 7
 
 def head(n, s_done=False):
     """The shipped loop (session 7): whole-stage FULL / EMPTY of 384 threads, lockstep consumers.
+    "X" is the kernel's P_FREE (X_READY until session 10, when the PV warpgroup stopped handing a
+    partial S over: the barrier now only says its PV of tile j - 1 is done; same sequence).
 
     s_done=True is session 9's -DGRAPHSAFE_DS4_FILL_AFTER_S (bench/results/
     ds4_ws_session9_diagnostics.patch; measured on the H200: correct, racecheck clean, 0.9 us

@@ -11,9 +11,8 @@
 // Two tile engines with the same numerics, chosen by GRAPHSAFE_DS4_ATTENTION (once per process):
 //  * ws (default, sm_90a): warp-specialized, 384 threads -- a producer warpgroup gathers and
 //    dequantizes the rows into a double-buffered bf16 tile; of two consumer warpgroups the math
-//    one runs S over dims 0..255, the PV one over 256..511 (wgmma m64n64k16, concurrently), the
-//    PV one hands its partial over, the math one runs the only softmax and hands P back, and each
-//    runs PV for its 256 dims (wgmma m64n128k16 pairs). See the kernel.
+//    one runs S (one chain of 32 wgmma m64n64k16) and the softmax and hands P to the PV one, and
+//    each runs PV for its 256 dims (wgmma m64n128k16 pairs). See the kernel.
 //  * mma_sync: m16n8k16 + ldmatrix; warp w computes S for heads 16*(w%4).., rows 16*(w/4).. and O
 //    for heads 32*(w/8).., dims 64*(w%8)... SASS: HMMA. Runs on GPUs without sm_90a (and is tested
 //    on the H200 through GRAPHSAFE_DS4_ATTENTION=mma_sync: ctest test_ds4_kernels_mma_sync).
@@ -31,13 +30,14 @@
 // same order they produce bitwise identical output (checked by the tests and the benchmark).
 //
 // Measured on one H200 (bench/ds4_attention_bench.cu, B=64, H=64, 43 layers, graph replay; see
-// docs/benchmarks.md): ws C4 ~26.6 us/layer, C128 ~25.4, C1 ~13.4 -- 3.3-4.5x the physical
+// docs/benchmarks.md): ws C4 ~25.6 us/layer, C128 ~24.2, C1 ~13.3 -- 3.2-4.3x the physical
 // bound. Where the time goes at C4 (timeline build, -DGRAPHSAFE_DS4_TIMELINE, CTAs with 5 tiles;
-// bench/results/ds4_ws_session7_h200.txt): ~3.0 us before the first tile (queries and the first
-// rows come from HBM, all CTAs at once), ~2.7 us per 64-row tile set by the consumers (own S half
-// 1.2, partial wait 0.3, softmax + handoff 0.5, PV 0.45; the producer waits for EMPTY), and
-// ~4.1 us of split merge (waiting for the peer 0.7, st.async push of 64 KB of fp32 partials into
-// the peer 1.7, the merge and the output 1.7).
+// bench/results/ds4_ws_session10_h200.txt): ~3.0 us before the first tile (queries and the first
+// rows come from HBM, all CTAs at once), ~2.5 us per 64-row tile set by the math warpgroup (S
+// 1.3, softmax + handoff 0.5, PV 0.45; the producer waits for EMPTY), and ~4.2 us of split merge
+// (waiting for the peer 0.7, st.async push of 64 KB of fp32 partials into the peer 1.7, the
+// merge and the output 1.8). S runs at about half the tensor pipe's rate while the producer
+// stores the next tile (bench/wgmma_probe.cu's pipeline probe reproduces it).
 
 #include <graphsafe/ds4/detail/timeline.hpp>
 #include <graphsafe/ds4/kernels.hpp>
@@ -407,27 +407,25 @@ __device__ __forceinline__ int blk16(int r, int kc) {  // byte offset of 16-byte
 // Warp-specialized wgmma variant (default on sm_90a). 384 threads = 3 warpgroups:
 //   warpgroup 2 (producer) gathers the tile's rows (fp8 data + scales, or bf16 workspace rows),
 //     dequantizes them into a double-buffered bf16 K tile and signals FULL[stage];
-//   warpgroup 0 (math): S over dims 0 .. 255 (16 x wgmma m64n64k16, A = Q, B = K, both K-major),
-//     adds warpgroup 1's partial over dims 256 .. 511, runs the online softmax (the only one: it
-//     owns m and l), hands P (bf16) and the rescale factors to warpgroup 1 through shared memory,
-//     and computes O[:, 0 .. 255] += P V (wgmma m64n128k16 pairs, A = P from registers, B = the K
+//   warpgroup 0 (math): S (32 x wgmma m64n64k16, A = Q, B = K, both K-major), the online softmax
+//     (it owns m and l), P (bf16) and the rescale factors handed to warpgroup 1 through shared
+//     memory, and O[:, 0 .. 255] += P V (wgmma m64n128k16 pairs, A = P from registers, B = the K
 //     tile read MN-major).
-//   warpgroup 1 (PV): the partial S over dims 256 .. 511 (its own wgmma chain, concurrent with
-//     warpgroup 0's), then O[:, 256 .. 511] += P V with P from shared memory (SS wgmma), and
-//     releases the stage (EMPTY[stage]) and the P buffer (P_FREE).
-//   Why this split (session 6; FlashMLA's sm90 sparse decode kernel gives warpgroup 0 the softmax
-//   and warpgroup 1 half of PV the same way): session 5's split (each warpgroup S over half the
-//   dims, both partials exchanged, the softmax run in both) computed the softmax twice and moved
-//   32 KB of fp32 partials per tile; now the softmax runs once and 16 KB of partials move one way.
-//   S stays split over two warpgroups: one chain of 32 m64n64k16 in one warpgroup took 1.9 us per
-//   tile (the tensor pipe waits on each step's accumulator), two concurrent chains of 16 ~0.95.
+//   warpgroup 1 (PV): O[:, 256 .. 511] += P V with P from shared memory (SS wgmma); it releases
+//     the stage (EMPTY[stage]) and the P buffer (P_FREE). Its PV of tile j - 1 overlaps the math
+//     warpgroup's S of tile j.
+//   Why this split (FlashMLA's sm90 sparse decode kernel gives warpgroup 0 the softmax and
+//   warpgroup 1 half of PV the same way): session 5 ran S over half the dims and the softmax in
+//   both warpgroups (32 KB of fp32 partials exchanged per tile); sessions 6-9 ran S split over
+//   both (16 KB of partials one way, the softmax once); since session 10 S is one chain in the
+//   math warpgroup, ~1 us per C4 layer faster than the split (see s_chain).
 // Same numerics as the mma.sync engine (bf16 operands, fp32 accumulation, bf16 P, base-2 online
 // softmax); the split merge has the same arithmetic in split order.
 constexpr int kWsConsumers = 256;
 constexpr int kWsThreads = kWsConsumers + 128;
 // Registers per thread after setmaxnreg: the CTA holds 384 x 168; the producer gives back what the
 // consumers take: 128 x (168 - P) = 256 x (C - 168). The math warpgroup holds O (128 fp32) + S (32)
-// + P (16) + addressing, the PV warpgroup O + its partial S (32); they share the count because they
+// + P (16) + addressing, the PV warpgroup O; they share the count because they
 // share the epilogue's code (ptxas allocates each region's code within the count its setmaxnreg
 // grants: checked in session 5, a 200-float live set after setmaxnreg.inc 240 compiles without
 // spills at 168 for the kernel). C = 192 leaves the producer 120: two rows x 9 loads in flight
@@ -441,16 +439,15 @@ static_assert(kWsProducerRegs >= 24 && kWsProducerRegs % 8 == 0 && kWsConsumerRe
 constexpr int kWsPBytes = kGroupHeads * kTileRows * 2;  // 8192: P (bf16), canonical K-major layout
 constexpr int kWsPSbo = (kTileRows / 8) * 128;          // 1024: next 8 heads of P
 constexpr int kWsMiscBytes = 128 * 8 + 128 * 16 + 2 * 64 * 4;  // alpha[128] float2, (m, l)[128] float4, vld[2][64]
-constexpr int kWsXBytes = kGroupHeads * kTileRows * 4;  // 16384: the PV warpgroup's partial S, fp32
-constexpr int kWsSmemBytes = kWgQBytes + 2 * kWgKBytes + kWsPBytes + kWsXBytes + kWsMiscBytes;
+constexpr int kWsSmemBytes = kWgQBytes + 2 * kWgKBytes + kWsPBytes + kWsMiscBytes;
 static_assert(kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem over the sm_90 limit");
 
 // Named barriers (0 is __syncthreads): FULL[s] producer -> consumers, EMPTY[s] consumers ->
-// producer, Q (queries stored; (m, l) handed over) among the consumers, X_READY (the PV
-// warpgroup's partial scores of tile j written, its PV of tile j - 1 done) PV -> math, P_READY (P
-// and the rescale factors of tile j written, the partial of tile j read) math -> PV, OUT among the
-// consumers of a cluster merge. Each handoff buffer is released by the next handoff the other way.
-enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarQ = 5, kBarPReady = 6, kBarXReady = 7, kBarOut = 8 };
+// producer, Q (queries stored; (m, l) handed over) among the consumers, P_FREE (the PV
+// warpgroup's PV of tile j - 1 done: P and the rescale factors may be overwritten) PV -> math,
+// P_READY (P and the rescale factors of tile j written) math -> PV, OUT among the consumers of a
+// cluster merge. Each handoff buffer is released by the next handoff the other way.
+enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarQ = 5, kBarPReady = 6, kBarPFree = 7, kBarOut = 8 };
 // The paged producer's stand-in for rows it does not load from a cache (invalid slots, rows past
 // the request's length): 576 zero data bytes and zero scales, so such rows dequantize to zeros.
 __device__ __align__(16) std::uint8_t g_zero_row[kRawStride];
@@ -501,8 +498,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   std::uint8_t* Qs = smem;
   std::uint8_t* Ks = smem + kWgQBytes;  // [2][64 rows x 512] bf16, canonical layout
   std::uint8_t* Ps = Ks + 2 * kWgKBytes;                                  // P of the tile, bf16, canonical
-  float4* Xs = reinterpret_cast<float4*>(Ps + kWsPBytes);                 // [8][128 threads]: S over dims 256.., PV -> math
-  float2* As = reinterpret_cast<float2*>(Ps + kWsPBytes + kWsXBytes);     // [128]: rescale factors, math -> PV
+  float2* As = reinterpret_cast<float2*>(Ps + kWsPBytes);                 // [128]: rescale factors, math -> PV
   float4* MLs = reinterpret_cast<float4*>(As + 128);                      // [128]: (m, l), math -> PV
   int* vld = reinterpret_cast<int*>(MLs + 128);                           // [2 stages][64]
 
@@ -814,26 +810,24 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     float (&o_lo)[64] = *reinterpret_cast<float(*)[64]>(o);
     float (&o_hi)[64] = *reinterpret_cast<float(*)[64]>(o + 64);
     constexpr std::uint64_t kPvHalf = (16 * 128) >> 4;  // descriptor step: 128 dims = 16 core-matrix columns
-    // Partial scores of all 64 rows over k steps [first, first + steps) of 16 dims (wgmma
-    // m64n64k16, A = Q, B = K rows, both K-major); running descriptors (laundered each step: all
-    // 32 precomputed would take 64 registers). The math warpgroup takes steps [0, kMathSteps), the
-    // PV warpgroup the rest. GRAPHSAFE_DS4_S_MATH_STEPS (comparison builds; default 16, the even
-    // split) moves the boundary: the math warpgroup waits ~0.27 us per tile for the other partial
-    // (timeline, session 7), which a shorter PV-side chain could hide. Not measured yet.
-#ifndef GRAPHSAFE_DS4_S_MATH_STEPS
-#define GRAPHSAFE_DS4_S_MATH_STEPS 16
-#endif
-    constexpr int kMathSteps = GRAPHSAFE_DS4_S_MATH_STEPS;
-    static_assert(kMathSteps >= 1 && kMathSteps < kHeadDim / 16, "S split: both warpgroups need k steps");
-    auto s_part = [&](float (&sp)[32], const std::uint8_t* Kt, auto first_c, auto steps_c) {
-      constexpr int first = decltype(first_c)::value, steps = decltype(steps_c)::value;
+    // S = Q K^T of the tile: all 64 rows over all 512 dims in one chain of 32 wgmma m64n64k16 (A =
+    // Q, B = K rows, both K-major) in the math warpgroup; running descriptors (laundered each step:
+    // all 32 precomputed would take 64 registers).
+    // Why one chain (session 10): sessions 5-9 split S over both consumer warpgroups (16 steps
+    // each, the PV warpgroup's fp32 partial handed over through 16 KB of shared memory) because
+    // one chain had measured 1.9 us per tile. On the H200 the single chain is faster per layer:
+    // C4 25.48-25.71 us vs 26.43-26.67 for the split, C128 24.22-24.26 vs 25.24-25.26 (same runs;
+    // bench/results/ds4_ws_session10_h200.txt). The split's two chains contend for the same
+    // tensor and shared-memory pipes, and the exchange was on the math warpgroup's critical path;
+    // alone, one warpgroup's chain runs at 37-39 cycles a step (bench/wgmma_probe.cu).
+    auto s_chain = [&](float (&sp)[32], const std::uint8_t* Kt) {
 #pragma unroll
       for (int e = 0; e < 32; ++e) sp[e] = 0.f;
-      std::uint64_t k_desc = wgmma_desc(Kt + first * 256, 128, kWgRowSbo);
-      std::uint64_t q_desc = wgmma_desc(Qs + first * 256, 128, kWgRowSbo);
+      std::uint64_t k_desc = wgmma_desc(Kt, 128, kWgRowSbo);
+      std::uint64_t q_desc = wgmma_desc(Qs, 128, kWgRowSbo);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < steps; ++kk) {
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
 #ifndef GRAPHSAFE_DS4_TL_NO_S  // diagnostics build only: time the tile loop without S
         wgmma_m64n64k16(sp, q_desc, k_desc, kk > 0 ? 1 : 0);
 #endif
@@ -843,10 +837,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       wgmma_commit();
       wgmma_wait<0>();
     };
-    using MathFirst = std::integral_constant<int, 0>;
-    using MathSteps = std::integral_constant<int, kMathSteps>;
-    using PvFirst = std::integral_constant<int, kMathSteps>;
-    using PvSteps = std::integral_constant<int, kHeadDim / 16 - kMathSteps>;
     // The side that hands a buffer over waits too (bar.sync, not bar.arrive): with bar.arrive,
     // compute-sanitizer racecheck reported hazards on the rescale factors (As) handed from the math
     // warpgroup to the PV warpgroup (session 6); with bar.sync on both sides racecheck is clean
@@ -871,21 +861,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
 #pragma unroll
           for (int e1 = 0; e1 < 2; ++e1) vmask |= (vld[st * 64 + nb * 8 + qc + e1] != 0 ? 1u : 0u) << (2 * nb + e1);
 
-        // S over dims 0 .. 255 here, over 256 .. 511 in the PV warpgroup at the same time (two
-        // independent wgmma chains: one chain of 32 m64n64k16 took 1.9 us per tile on the H200, the
-        // tensor pipe waiting on each step's accumulator), then S = own + its partial.
         float s[32];
-        s_part(s, Kt, MathFirst{}, MathSteps{});
+        s_chain(s, Kt);
         TL(tl::s_done + (j & 7), tid == 0);
-        bar_sync(kBarXReady, kWsConsumers);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float4 v = Xs[i * 128 + ct];
-          s[4 * i] += v.x;
-          s[4 * i + 1] += v.y;
-          s[4 * i + 2] += v.z;
-          s[4 * i + 3] += v.w;
-        }
+        bar_sync(kBarPFree, kWsConsumers);
         TL(tl::c_x_bar + (j & 3), tid == 0 && j < 4);
 
         // Online softmax over the tile's 64 rows (thread: heads hrow[0] / hrow[1], rows 8 nb + qc, + 1).
@@ -924,7 +903,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         }
         l[0] += sum[0];
         l[1] += sum[1];
-        // Hand P and the rescale factors to the PV warpgroup. Free to overwrite: X_READY of tile j
+        // Hand P and the rescale factors to the PV warpgroup. Free to overwrite: P_FREE of tile j
         // above came after the PV warpgroup's PV of tile j - 1, the last reader of P and alpha.
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb) {
@@ -976,15 +955,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         const int st = j & 1;
         bar_sync(kBarFull0 + st, kWsThreads);
         const std::uint8_t* Kt = Ks + st * kWgKBytes;
-        {
-          float sp[32];
-          s_part(sp, Kt, PvFirst{}, PvSteps{});
-          // Free to overwrite: P_READY of tile j - 1 (waited for before this warpgroup's PV of
-          // tile j - 1) came after the math warpgroup read the partial of tile j - 1.
-#pragma unroll
-          for (int i = 0; i < 8; ++i) Xs[i * 128 + ct] = make_float4(sp[4 * i], sp[4 * i + 1], sp[4 * i + 2], sp[4 * i + 3]);
-          handoff(kBarXReady);
-        }
+        handoff(kBarPFree);  // this warpgroup's PV of tile j - 1 is done
         bar_sync(kBarPReady, kWsConsumers);
         const float2 a = As[ct];
 #pragma unroll

@@ -34,7 +34,7 @@ enum Slot : int {
   p_empty_ok = 64,       // producer: stage of tile j free (EMPTY passed)
   p_stores_done = 72,    // producer: dequantized tile j stored
   p_prefetched = 80,     // producer: L2 prefetch of tile j + 2 issued (after FULL of tile j)
-  c_x_bar = 88,          // consumers: partial-score exchange barrier of tile j passed (j < 4)
+  c_x_bar = 88,          // math warpgroup: P_FREE of tile j passed (j < 4)
   c_pv_start = 92,       // consumers: softmax of tile j done, before PV (j < 4)
   // The PV warpgroup's own stamps (its thread 0) and the producer's publication of the PV
   // warpgroup's half of a stage: written by the session 8 experiment
