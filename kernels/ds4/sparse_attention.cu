@@ -820,9 +820,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     // bench/results/ds4_ws_session10_h200.txt). The split's two chains contend for the same
     // tensor and shared-memory pipes, and the exchange was on the math warpgroup's critical path;
     // alone, one warpgroup's chain runs at 37-39 cycles a step (bench/wgmma_probe.cu).
-    auto s_chain = [&](float (&sp)[32], const std::uint8_t* Kt) {
+    // Issued and committed; wait<0> ends it. The first step ignores the accumulators (scale-d 0),
+    // so they are not zeroed per tile (the session 9 loop did: 32 moves on the math warpgroup's
+    // critical path; with them gone the paged producer's spills went too).
+    auto s_issue = [&](float (&sp)[32], const std::uint8_t* Kt) {
+#ifdef GRAPHSAFE_DS4_TL_NO_S
 #pragma unroll
       for (int e = 0; e < 32; ++e) sp[e] = 0.f;
+#endif
       std::uint64_t k_desc = wgmma_desc(Kt, 128, kWgRowSbo);
       std::uint64_t q_desc = wgmma_desc(Qs, 128, kWgRowSbo);
       wgmma_fence();
@@ -835,7 +840,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         k_desc = launder(k_desc + 16);
       }
       wgmma_commit();
-      wgmma_wait<0>();
     };
     // The side that hands a buffer over waits too (bar.sync, not bar.arrive): with bar.arrive,
     // compute-sanitizer racecheck reported hazards on the rescale factors (As) handed from the math
@@ -848,6 +852,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
       // thread's pair (hrow[jj], 8 nb + qc) at pst + jj kWsPSbo + 128 nb (a warp's 4-byte stores
       // fall in 32 distinct banks).
       std::uint8_t* pst = Ps + 2 * w4 * kWsPSbo + qr * 16 + qc * 2;
+      float s[32];
+#pragma unroll
+      for (int e = 0; e < 32; ++e) s[e] = 0.f;  // defined once; each chain overwrites them
       for (int j = 0; j < n; ++j) {
         const int st = j & 1;
         bar_sync(kBarFull0 + st, kWsThreads);
@@ -860,9 +867,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
           for (int e1 = 0; e1 < 2; ++e1) vmask |= (vld[st * 64 + nb * 8 + qc + e1] != 0 ? 1u : 0u) << (2 * nb + e1);
-
-        float s[32];
-        s_chain(s, Kt);
+        s_issue(s, Kt);
+        wgmma_wait<0>();
         TL(tl::s_done + (j & 7), tid == 0);
         bar_sync(kBarPFree, kWsConsumers);
         TL(tl::c_x_bar + (j & 3), tid == 0 && j < 4);
