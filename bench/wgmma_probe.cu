@@ -13,7 +13,8 @@
 // of the bf16 dense peak (4096 FLOP per SM clock on sm_90). The second table ("pipeline probe",
 // further down) rebuilds the producer -> consumer handoff around S. CMake builds it as
 // build/bench/wgmma_probe when the CUDA architectures include 90a (the default); bench/ds4_iterate.sh
-// PROBE=1 runs it on the device. Results on the H200: bench/results/wgmma_probe_h200.txt (session 9).
+// PROBE=1 runs it on the device. Results on the H200: bench/results/wgmma_probe_h200.txt (session 9);
+// the pipeline probe with the MODE rows: bench/results/ds4_ws_session10_h200.txt.
 #include "cuda_support.cuh"
 
 #include <graphsafe/ds4/reference.hpp>
