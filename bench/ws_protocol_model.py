@@ -73,6 +73,47 @@ def s_ahead(n):
     return progs
 
 
+def alternate(n, full_per_warpgroup=True, ready_sync=False):
+    """-DGRAPHSAFE_DS4_ALTERNATE=1 (session 10): the consumer warpgroups take turns. Warpgroup c
+    owns tiles t with t % 2 == c; its loop walks the other's tiles j = c - 1, c + 1, ...: FULL(j)
+    (j >= 0), FULL(j + 1) and S(j + 1) (if j + 1 < n), READY(j) sync (j >= 0), softmax(j + 1) and
+    READY(j + 1) arrive, PV(j) then EMPTY(j), PV(j + 1) then EMPTY(j + 1). The producer arrives at
+    a FULL per consumer warpgroup (one 384-thread FULL is also deadlock-free, but it would make a
+    warpgroup's S(j + 1) wait until the other reaches FULL(j + 1), after its PV(j): no overlap).
+    ready_sync=True (the owner syncs READY instead of arriving, as the other handoffs do for
+    racecheck) must deadlock: the owner of j + 1 waits at READY(j + 1) for the other warpgroup,
+    which waits at FULL(j + 2) for the stage that the owner's PV(j) has not released."""
+    prod = []
+    for j in range(n):
+        st = j & 1
+        if j >= 2:
+            prod.append(("sync", f"EMPTY{st}", 3))
+        if full_per_warpgroup:
+            prod += [("arrive", f"FULLa{st}", 2), ("arrive", f"FULLb{st}", 2)]
+        else:
+            prod.append(("arrive", f"FULL{st}", 3))
+    progs = {"producer": prod}
+    for c, name in ((0, "wg0"), (1, "wg1")):
+        full = (lambda t, c=c: ("sync", f"FULL{'ab'[c]}{t & 1}", 2)) if full_per_warpgroup else (lambda t: ("sync", f"FULL{t & 1}", 3))
+        ops = [("sync", "Q", 2)] if n > 0 else []
+        for j in range(c - 1, n, 2):
+            t = j + 1
+            if j >= 0:
+                ops.append(full(j))
+            if t < n:
+                ops.append(full(t))
+            if j >= 0:
+                ops.append(("sync", f"READY{j & 1}", 2))
+            if t < n:
+                ops.append(("sync" if ready_sync else "arrive", f"READY{t & 1}", 2))
+            if j >= 0 and j + 2 < n:
+                ops.append(("arrive", f"EMPTY{j & 1}", 3))
+            if t < n and t + 2 < n:
+                ops.append(("arrive", f"EMPTY{t & 1}", 3))
+        progs[name] = ops
+    return progs
+
+
 def extra_s_done(n):
     """head(n, s_done=True) with one more S_DONE arrival by the math warpgroup at the end, which
     no one waits for: the model must report it (the check for phases left open)."""
@@ -194,6 +235,9 @@ def check(progs):
 def main():
     cases = [
         ("shipped (session 7; session 10 renamed X_READY to P_FREE)", head, True),
+        ("alternate: the consumer warpgroups take turns, a FULL per warpgroup (session 10)", alternate, True),
+        ("alternate with one 384-thread FULL", lambda n: alternate(n, False), True),
+        ("alternate with READY synced by the owner too (must deadlock)", lambda n: alternate(n, True, True), False),
         ("S ahead: the math warpgroup's S of tile j + 1 before its PV of tile j retires (session 10)", s_ahead, True),
         ("fill after S: the producer waits for S_DONE after EMPTY (session 9)", lambda n: head(n, s_done=True), True),
         ("fill after S with one S_DONE arrival too many (must be found)", extra_s_done, False),
