@@ -438,16 +438,8 @@ constexpr int kWsProducerRegs = 168 - 2 * (kWsConsumerRegs - 168);
 static_assert(kWsProducerRegs >= 24 && kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0, "setmaxnreg counts");
 constexpr int kWsPBytes = kGroupHeads * kTileRows * 2;  // 8192: P (bf16), canonical K-major layout
 constexpr int kWsPSbo = (kTileRows / 8) * 128;          // 1024: next 8 heads of P
-// GRAPHSAFE_DS4_ALTERNATE (session 10): the consumer warpgroups take turns -- see the consumers'
-// loop. Its handoffs are double-buffered: P, the rescale factors and (m, l) of tile j live in
-// buffer j % 2.
-#ifndef GRAPHSAFE_DS4_ALTERNATE
-#define GRAPHSAFE_DS4_ALTERNATE 0
-#endif
-constexpr bool kWsAlternate = GRAPHSAFE_DS4_ALTERNATE != 0;
-constexpr int kWsPBufs = kWsAlternate ? 2 : 1;
-constexpr int kWsMiscBytes = kWsPBufs * (128 * 8 + 128 * 16) + 2 * 64 * 4;  // alpha[][128] float2, (m, l)[][128] float4, vld[2][64]
-constexpr int kWsSmemBytes = kWgQBytes + 2 * kWgKBytes + kWsPBufs * kWsPBytes + kWsMiscBytes;
+constexpr int kWsMiscBytes = 128 * 8 + 128 * 16 + 2 * 64 * 4;  // alpha[128] float2, (m, l)[128] float4, vld[2][64]
+constexpr int kWsSmemBytes = kWgQBytes + 2 * kWgKBytes + kWsPBytes + kWsMiscBytes;
 static_assert(kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem over the sm_90 limit");
 
 // Named barriers (0 is __syncthreads): FULL[s] producer -> consumers, EMPTY[s] consumers ->
@@ -456,20 +448,6 @@ static_assert(kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem over 
 // P_READY (P and the rescale factors of tile j written) math -> PV, OUT among the consumers of a
 // cluster merge. Each handoff buffer is released by the next handoff the other way.
 enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarQ = 5, kBarPReady = 6, kBarPFree = 7, kBarOut = 8 };
-// With GRAPHSAFE_DS4_ALTERNATE: FULL per consumer warpgroup (kBarFull0 + s for warpgroup 0,
-// kBarFullB0 + s for warpgroup 1; 256 threads: the producer arrives at both), and READY[b] =
-// kBarPReady + b (P, the rescale factors and (m, l) of tile j in buffer b = j % 2, owner -> the
-// other warpgroup).
-enum : int { kBarFullB0 = 9, kBarReady0 = kBarPReady, kBarOwnP0 = 11 };  // kBarOwnP0 + c: warpgroup c's P stored
-// The producer publishes stage st (after its fence.proxy.async).
-__device__ __forceinline__ void arrive_full(int st) {
-  if constexpr (kWsAlternate) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(kBarFull0 + st), "r"(256) : "memory");
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(kBarFullB0 + st), "r"(256) : "memory");
-  } else {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(kBarFull0 + st), "r"(kWsThreads) : "memory");
-  }
-}
 // The paged producer's stand-in for rows it does not load from a cache (invalid slots, rows past
 // the request's length): 576 zero data bytes and zero scales, so such rows dequantize to zeros.
 __device__ __align__(16) std::uint8_t g_zero_row[kRawStride];
@@ -520,9 +498,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   std::uint8_t* Qs = smem;
   std::uint8_t* Ks = smem + kWgQBytes;  // [2][64 rows x 512] bf16, canonical layout
   std::uint8_t* Ps = Ks + 2 * kWgKBytes;                                  // P of the tile, bf16, canonical
-  float2* As = reinterpret_cast<float2*>(Ps + kWsPBufs * kWsPBytes);     // [kWsPBufs][128]: rescale factors
-  float4* MLs = reinterpret_cast<float4*>(As + 128 * kWsPBufs);           // [kWsPBufs][128]: (m, l)
-  int* vld = reinterpret_cast<int*>(MLs + 128 * kWsPBufs);                // [2 stages][64]
+  float2* As = reinterpret_cast<float2*>(Ps + kWsPBytes);                 // [128]: rescale factors, math -> PV
+  float4* MLs = reinterpret_cast<float4*>(As + 128);                      // [128]: (m, l), math -> PV
+  int* vld = reinterpret_cast<int*>(MLs + 128);                           // [2 stages][64]
 
   const int split = blockIdx.x, b = blockIdx.y, head0 = blockIdx.z * kGroupHeads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -734,7 +712,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         TL(tl::p_stores_done + (j & 7), tl0);
         fence_proxy_async();
         TL(tl::p_full_arrive + (j & 7), tl0);
-        arrive_full(st);
+        bar_arrive(kBarFull0 + st, kWsThreads);
         ok[1] = pd[1] != zero;
         issue_row(1, pd[1], ps[1]);  // row B of the next tile
 #pragma unroll
@@ -792,7 +770,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         TL(tl::p_stores_done + (j & 7), tl0);
         fence_proxy_async();
         TL(tl::p_full_arrive + (j & 7), tl0);
-        arrive_full(st);
+        bar_arrive(kBarFull0 + st, kWsThreads);
         l2_prefetch(sl2);
         TL(tl::p_prefetched + (j & 7), tl0);
 #pragma unroll
@@ -880,132 +858,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         o[4 * nb + 3] *= a1;
       }
     };
-    if constexpr (kWsAlternate) {
-      // ---- GRAPHSAFE_DS4_ALTERNATE: the two consumer warpgroups take turns (FlashMLA's sm90
-      // decode kernels do the same). Warpgroup c owns the tiles j with j % 2 == c: it runs their S
-      // and softmax and hands P, the rescale factors and (m, l) to the other warpgroup (READY[j %
-      // 2]: the owner arrives, the other syncs; buffer j % 2); each warpgroup runs PV for its 256
-      // dims of every tile (P from registers for its own tiles, from shared memory for the
-      // other's). The loop walks the other warpgroup's tiles j (j = c - 1, c + 1, ...; -1 stands
-      // for "none" before warpgroup 0's first tile): FULL(j), FULL(j + 1) and S(j + 1) -- which
-      // runs while the owner of j is still in its softmax --, READY(j), the softmax of j + 1 from
-      // the (m, l) of j, READY(j + 1), then PV(j) and PV(j + 1). So no warpgroup runs S, softmax
-      // and PV of a tile in series, and the online softmax stays one chain (thread ct of both
-      // warpgroups holds the same heads and score columns, so the per-thread partial l moves as is).
-      // Buffers: b = j % 2 is rewritten by the owner of j + 2 after its S(j + 2), which needs
-      // stage j back (EMPTY(j): after the other warpgroup's PV(j), its last read of buffer b).
-      // FULL is per warpgroup: a 384-thread FULL would tie one warpgroup's S to the other's
-      // progress (bench/ws_protocol_model.py, "alternate").
-      const int full_bar = c == 0 ? kBarFull0 : kBarFullB0;
-      float s[32];
-#pragma unroll
-      for (int e = 0; e < 32; ++e) s[e] = 0.f;  // defined once; each chain overwrites them
-      auto full = [&](int t) {
-        bar_sync(full_bar + (t & 1), 256);
-        TL(tl::full + (t & 7), tid == 0);
-      };
-      // O += P V for this warpgroup's 256 dims of tile t, after O *= (a0, a1), P from buffer
-      // t % 2 (also for its own tiles: P in registers through the other tile's PV cost 16
-      // registers and ptxas then serialized every wgmma, C7512). Then the stage goes back.
-      auto pv = [&](int t, float a0, float a1) {
-        rescale_o(a0, a1);
-        const std::uint64_t v_desc = launder(wgmma_desc(Ks + (t & 1) * kWgKBytes + c * 32 * 128, kWgRowSbo, 128));
-        const std::uint64_t p_desc = wgmma_desc(Ps + (t & 1) * kWsPBytes, 128, kWsPSbo);
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < kTileRows / 16; ++ks) {
-#ifndef GRAPHSAFE_DS4_TL_NO_PV
-          const std::uint64_t vd = v_desc + ks * ((2 * kWgRowSbo) >> 4);
-          wgmma_m64n128k16_tb(o_lo, p_desc + ks * 16, vd);
-          wgmma_m64n128k16_tb(o_hi, p_desc + ks * 16, vd + kPvHalf);
-#endif
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        TL(tl::pv_done + (t & 7), tid == 0);
-        if (t + 2 < n) bar_arrive(kBarEmpty0 + (t & 1), kWsThreads);  // the producers refill this stage
-      };
-      std::uint8_t* pst = Ps + 2 * w4 * kWsPSbo + qr * 16 + qc * 2;
-      for (int j = c - 1; j < n; j += 2) {
-        const int t = j + 1;  // this warpgroup's tile
-        const bool mine = t < n;
-        if (j >= 0) full(j);
-        unsigned vmask = 0;
-        if (mine) {
-          full(t);
-          const int st = t & 1;
-#pragma unroll
-          for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-            for (int e1 = 0; e1 < 2; ++e1) vmask |= (vld[st * 64 + nb * 8 + qc + e1] != 0 ? 1u : 0u) << (2 * nb + e1);
-          s_issue(s, Ks + st * kWgKBytes);
-        }
-        float aj[2] = {1.f, 1.f};
-        if (j >= 0) {
-          bar_sync(kBarReady0 + (j & 1), 256);
-          const float2 a2 = As[(j & 1) * 128 + ct];
-          const float4 ml = MLs[(j & 1) * 128 + ct];
-          aj[0] = a2.x;
-          aj[1] = a2.y;
-          m[0] = ml.x;
-          m[1] = ml.y;
-          l[0] = ml.z;
-          l[1] = ml.w;
-        }
-        float alpha[2] = {1.f, 1.f};
-        if (mine) {
-          wgmma_wait<0>();
-          TL(tl::s_done + (t & 7), tid == 0);
-          float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-          for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float sv = (vmask >> (2 * nb + (e & 1))) & 1u ? s[4 * nb + e] * p.scale_log2 : -INFINITY;
-              s[4 * nb + e] = sv;
-              mx[e >> 1] = fmaxf(mx[e >> 1], sv);
-            }
-          float mu[2];
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            mx[jj] = fmaxf(mx[jj], __shfl_xor_sync(0xffffffffu, mx[jj], 1));
-            mx[jj] = fmaxf(mx[jj], __shfl_xor_sync(0xffffffffu, mx[jj], 2));
-            const float mn = fmaxf(m[jj], mx[jj]);
-            mu[jj] = mn == -INFINITY ? 0.f : mn;
-            alpha[jj] = exp2_ftz(m[jj] - mu[jj]);
-            l[jj] *= alpha[jj];
-            m[jj] = mn;
-          }
-          float sum[2] = {0.f, 0.f};
-          std::uint8_t* pw = pst + (t & 1) * kWsPBytes;
-#pragma unroll
-          for (int nb = 0; nb < 8; ++nb) {
-            const float p0 = exp2_ftz(s[4 * nb] - mu[0]), p1 = exp2_ftz(s[4 * nb + 1] - mu[0]);
-            const float p2 = exp2_ftz(s[4 * nb + 2] - mu[1]), p3 = exp2_ftz(s[4 * nb + 3] - mu[1]);
-            sum[0] += p0 + p1;
-            sum[1] += p2 + p3;
-            *reinterpret_cast<std::uint32_t*>(pw + 128 * nb) = pack_bf16x2(p0, p1);
-            *reinterpret_cast<std::uint32_t*>(pw + kWsPSbo + 128 * nb) = pack_bf16x2(p2, p3);
-          }
-          l[0] += sum[0];
-          l[1] += sum[1];
-          fence_proxy_async();  // P is read by both warpgroups' wgmma (async proxy)
-          As[(t & 1) * 128 + ct] = make_float2(alpha[0], alpha[1]);
-          MLs[(t & 1) * 128 + ct] = make_float4(m[0], m[1], l[0], l[1]);
-          bar_arrive(kBarReady0 + (t & 1), 256);
-          bar_sync(kBarOwnP0 + c, 128);  // this warpgroup's own PV(t) reads all of its threads' P
-        }
-        if (j >= 0) pv(j, aj[0], aj[1]);
-        if (mine) pv(t, alpha[0], alpha[1]);
-      }
-      // Both warpgroups hold the final (m, l) of their threads' heads (the owner of the last tile
-      // computed it, the other read it after READY); the row sum is a quad sum.
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        l[jj] += __shfl_xor_sync(0xffffffffu, l[jj], 1);
-        l[jj] += __shfl_xor_sync(0xffffffffu, l[jj], 2);
-      }
-    } else if (c == 0) {
+    if (c == 0) {
       // ---- math warpgroup: S, softmax, P -> PV warpgroup, O[:, 0 .. 255]
       // P (head h, tile row k) lives at (h / 8) kWsPSbo + (k / 8) 128 + (h % 8) 16 + (k % 8) 2: the
       // thread's pair (hrow[jj], 8 nb + qc) at pst + jj kWsPSbo + 128 nb (a warp's 4-byte stores
