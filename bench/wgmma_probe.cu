@@ -301,7 +301,9 @@ constexpr long long kL2Rows = 1ll << 15;  // x 576 B = 19 MB
 // copy-engine producer: cp.async.bulk of the tile's 64 raw rows (576 B each) into the upper 36 KB
 // of the free stage, an mbarrier wait, then each half (32 rows) read to registers (LDS) and stored
 // as the 64 KB bf16-sized tile in place (the raw rows of a half lie above the bytes the half before
-// it writes); 4 no loads and no stores (the producer only hands the stages over).
+// it writes); 4 no loads and no stores (the producer only hands the stages over); 5 as 0, but the
+// 64 KB of stores go to a 32 KB scratch area outside both stages (twice over): does it matter
+// that the stores land in the stage the consumers read next? (session 10, compiled only)
 template <int LOADS, bool AFTER, bool FENCE, bool VLD = false, int MODE = 0>
 __global__ void __launch_bounds__(384, 1) pipe_probe(Args a, int ntiles) {
   extern __shared__ __align__(1024) std::uint8_t smem[];
@@ -372,7 +374,12 @@ __global__ void __launch_bounds__(384, 1) pipe_probe(Args a, int ntiles) {
       const int st = j & 1;
       if (j >= 2) asm volatile("bar.sync %0, 384;" ::"r"(3 + st) : "memory");
       uint4* dst = reinterpret_cast<uint4*>(K + st * kTileBytes);
-      if constexpr (MODE != 2 && MODE != 4) {
+      if constexpr (MODE == 5) {
+        uint4* scratch = reinterpret_cast<uint4*>(smem + 3 * kTileBytes + 1024);
+#pragma unroll
+        for (int k = 0; k < 32; ++k) scratch[(k & 15) * 128 + ct] = w[k % 18];
+        if (ct < 64) vld[st * 64 + ct] = (w[0].x & 1) | 1;
+      } else if constexpr (MODE != 2 && MODE != 4) {
 #pragma unroll
         for (int k = 0; k < 32; ++k) dst[k * 128 + ct] = w[k % 18];
         if (ct < 64) vld[st * 64 + ct] = (w[0].x & 1) | 1;
@@ -465,7 +472,7 @@ int main() {
   ck(cudaMemset(big, 1, kBigRows * kRowBytes), "memset big");
   ck(cudaMalloc(&sink, 4), "malloc");
   Args args{dq, dk, big, sink, ds, dc};
-  const int smem = 3 * kTileBytes + 1024;  // Q, K, scratch (or 2 stages), done flag, mbarrier, flags
+  const int smem = 3 * kTileBytes + 1024 + kTileBytes / 2;  // Q, K, scratch (or 2 stages), done flag, mbarrier, flags; the pipeline probe's 32 KB scratch
 
   struct Variant {
     Cfg cfg;
@@ -558,6 +565,9 @@ int main() {
       {"HBM rows, landed before fence", pipe_probe<1, false, true, false, 1>},
       {"L2 rows, bulk + in-place", pipe_probe<2, false, true, false, 3>},
       {"HBM rows, bulk + in-place", pipe_probe<1, false, true, false, 3>},
+      {"L2 rows, stores to scratch", pipe_probe<2, false, true, false, 5>},
+      {"HBM rows, stores to scratch", pipe_probe<1, false, true, false, 5>},
+      {"no loads, stores to scratch", pipe_probe<0, false, true, false, 5>},
   };
   constexpr int kTiles = 64;
   std::printf("\npipeline probe: producer stores 64 KB per tile, fence + FULL, 2 stages; %d tiles per CTA\n", kTiles);
