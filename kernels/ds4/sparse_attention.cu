@@ -30,11 +30,11 @@
 // same order they produce bitwise identical output (checked by the tests and the benchmark).
 //
 // Measured on one H200 (bench/ds4_attention_bench.cu, B=64, H=64, 43 layers, graph replay; see
-// docs/benchmarks.md): ws C4 ~25.6 us/layer, C128 ~24.2, C1 ~13.3 -- 3.2-4.3x the physical
+// docs/benchmarks.md): ws C4 24.9-25.3 us/layer, C128 ~23.8, C1 ~12.8 -- 3.1-4.3x the physical
 // bound. Where the time goes at C4 (timeline build, -DGRAPHSAFE_DS4_TIMELINE, CTAs with 5 tiles;
 // bench/results/ds4_ws_session10_h200.txt): ~3.0 us before the first tile (queries and the first
-// rows come from HBM, all CTAs at once), ~2.5 us per 64-row tile set by the math warpgroup (S
-// 1.3, softmax + handoff 0.5, PV 0.45; the producer waits for EMPTY), and ~4.2 us of split merge
+// rows come from HBM, all CTAs at once), ~2.6 us per 64-row tile set by the math warpgroup (S
+// 1.4, softmax + handoff 0.5, PV 0.47; the producer waits for EMPTY), and ~4.2 us of split merge
 // (waiting for the peer 0.7, st.async push of 64 KB of fp32 partials into the peer 1.7, the
 // merge and the output 1.8). S runs at about half the tensor pipe's rate while the producer
 // stores the next tile (bench/wgmma_probe.cu's pipeline probe reproduces it).
