@@ -318,17 +318,22 @@ __global__ void __launch_bounds__(384, 1) pipe_probe(Args a, int ntiles) {
   if (wg == 2) {
     const int row = ct >> 1, half = ct & 1;  // half a 576-byte row per thread: 18 x 16 bytes
     uint4 w[18];
+#pragma unroll
+    for (int k = 0; k < 18; ++k) w[k] = make_uint4(k, ct, 0, 0);
+    auto row_ptr = [&](int t, int r) {  // row r of tile t: scattered over HBM, or within the L2 window
+      const unsigned i = static_cast<unsigned>((blockIdx.x * 131 + t) * 64 + r);
+      return a.big + (LOADS == 1 ? row_of(i) : (row_of(i) & (kL2Rows - 1))) * kRowBytes;
+    };
     auto issue = [&](int t) {
       if constexpr (LOADS != 0) {
-        const unsigned i = static_cast<unsigned>((blockIdx.x * 131 + t) * 64 + row);
-        const long long r = LOADS == 1 ? row_of(i) : (row_of(i) & (kL2Rows - 1));
-        const uint4* src = reinterpret_cast<const uint4*>(a.big + r * kRowBytes) + 18 * half;
+        const uint4* src = reinterpret_cast<const uint4*>(row_ptr(t, row)) + 18 * half;
 #pragma unroll
         for (int k = 0; k < 18; ++k) w[k] = __ldg(src + k);
       }
     };
-#pragma unroll
-    for (int k = 0; k < 18; ++k) w[k] = make_uint4(k, ct, 0, 0);
+    auto mark_rows = [&](int st) {  // the stage's valid-row flags, as the kernel's producer stores them
+      if (ct < 64) vld[st * 64 + ct] = (w[0].x & 1) | 1;
+    };
     if constexpr (MODE == 3) {
       std::uint64_t* mbar = reinterpret_cast<std::uint64_t*>(smem + 3 * kTileBytes + 1024 - 64);  // [2]
       if (ct == 0) {
@@ -345,11 +350,9 @@ __global__ void __launch_bounds__(384, 1) pipe_probe(Args a, int ntiles) {
         if (ct == 0) mbar_arrive_expect_tx(mbar + st, 64 * kRowBytes);
         asm volatile("bar.sync 5, 128;" ::: "memory");
         if (ct < 64) {
-          const unsigned i = static_cast<unsigned>((blockIdx.x * 131 + j) * 64 + ct);
-          const long long r = LOADS == 1 ? row_of(i) : (row_of(i) & (kL2Rows - 1));
           asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
                            smem_u32(stage + kRawOff + ct * kRowBytes)),
-                       "l"(a.big + r * kRowBytes), "r"(kRowBytes), "r"(smem_u32(mbar + st))
+                       "l"(row_ptr(j, ct)), "r"(kRowBytes), "r"(smem_u32(mbar + st))
                        : "memory");
         }
         mbar_wait_cluster(mbar + st, phase[st]);
@@ -364,40 +367,36 @@ __global__ void __launch_bounds__(384, 1) pipe_probe(Args a, int ntiles) {
 #pragma unroll
           for (int k = 0; k < 16; ++k) dst[k * 128 + ct] = w[k % 9];
         }
-        if (ct < 64) vld[st * 64 + ct] = (w[0].x & 1) | 1;
+        mark_rows(st);
         if (FENCE) fence_proxy_async();
         asm volatile("bar.arrive %0, 384;" ::"r"(1 + st) : "memory");
       }
     } else {
-    issue(0);
-    for (int j = 0; j < ntiles; ++j) {
-      const int st = j & 1;
-      if (j >= 2) asm volatile("bar.sync %0, 384;" ::"r"(3 + st) : "memory");
-      uint4* dst = reinterpret_cast<uint4*>(K + st * kTileBytes);
-      if constexpr (MODE == 5) {
-        uint4* scratch = reinterpret_cast<uint4*>(smem + 3 * kTileBytes + 1024);
+      issue(0);
+      for (int j = 0; j < ntiles; ++j) {
+        const int st = j & 1;
+        if (j >= 2) asm volatile("bar.sync %0, 384;" ::"r"(3 + st) : "memory");
+        if constexpr (MODE == 0 || MODE == 1 || MODE == 5) {
+          // MODE 5: the same 64 KB of stores into the 32 KB scratch area, twice over.
+          uint4* dst = MODE == 5 ? reinterpret_cast<uint4*>(smem + 3 * kTileBytes + 1024) : reinterpret_cast<uint4*>(K + st * kTileBytes);
 #pragma unroll
-        for (int k = 0; k < 32; ++k) scratch[(k & 15) * 128 + ct] = w[k % 18];
-        if (ct < 64) vld[st * 64 + ct] = (w[0].x & 1) | 1;
-      } else if constexpr (MODE != 2 && MODE != 4) {
+          for (int k = 0; k < 32; ++k) dst[(MODE == 5 ? k & 15 : k) * 128 + ct] = w[k % 18];
+          mark_rows(st);
+        } else if constexpr (MODE == 2) {
 #pragma unroll
-        for (int k = 0; k < 32; ++k) dst[k * 128 + ct] = w[k % 18];
-        if (ct < 64) vld[st * 64 + ct] = (w[0].x & 1) | 1;
-      } else if constexpr (MODE == 2) {
+          for (int k = 0; k < 18; ++k) w[0].y ^= w[k].x;
+        }
+        if (!AFTER && MODE != 4) issue(j + 1);
+        if constexpr (MODE == 1) {
+          unsigned x = 0;
 #pragma unroll
-        for (int k = 0; k < 18; ++k) w[0].y ^= w[k].x;
+          for (int k = 0; k < 18; ++k) x ^= w[k].x ^ w[k].w;
+          if (x == 0x7fffffffu) a.sink[0] = 2;  // the loads have landed before the fence
+        }
+        if (FENCE) fence_proxy_async();
+        asm volatile("bar.arrive %0, 384;" ::"r"(1 + st) : "memory");
+        if (AFTER && MODE != 4) issue(j + 1);
       }
-      if (!AFTER && MODE != 4) issue(j + 1);
-      if constexpr (MODE == 1) {
-        unsigned x = 0;
-#pragma unroll
-        for (int k = 0; k < 18; ++k) x ^= w[k].x ^ w[k].w;
-        if (x == 0x7fffffffu) a.sink[0] = 2;  // the loads have landed before the fence
-      }
-      if (FENCE) fence_proxy_async();
-      asm volatile("bar.arrive %0, 384;" ::"r"(1 + st) : "memory");
-      if (AFTER && MODE != 4) issue(j + 1);
-    }
     }
     if (w[3].x == 0x7fffffffu) a.sink[0] = w[5].y;
     return;
