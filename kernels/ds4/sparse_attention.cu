@@ -446,12 +446,25 @@ static_assert(kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem over 
 // producer, Q (queries stored; (m, l) handed over) among the consumers, P_FREE (the PV
 // warpgroup's PV of tile j - 1 done: P and the rescale factors may be overwritten) PV -> math,
 // P_READY (P and the rescale factors of tile j written) math -> PV, OUT among the consumers of a
-// cluster merge. Each handoff buffer is released by the next handoff the other way.
-enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarQ = 5, kBarPReady = 6, kBarPFree = 7, kBarOut = 8 };
+// cluster merge, OWNERS among the 128 threads that merge a rank's heads (two-rank merge). Each handoff buffer is released by the next handoff the other way.
+enum : int { kBarFull0 = 1, kBarEmpty0 = 3, kBarQ = 5, kBarPReady = 6, kBarPFree = 7, kBarOut = 8, kBarOwners = 9 };
 // The paged producer's stand-in for rows it does not load from a cache (invalid slots, rows past
 // the request's length): 576 zero data bytes and zero scales, so such rows dequantize to zeros.
 __device__ __align__(16) std::uint8_t g_zero_row[kRawStride];
 constexpr int kWsOutStride = kHeadDim * 2 + 16;  // bytes per head row of the staged output
+// The two-rank cluster merge receives the peer's O in this many chunks, each counted by its own
+// mbarrier, so merging overlaps the push (see the merge). 1, 2 or 4 (a merge batch is 8 float4).
+#ifndef GRAPHSAFE_DS4_MERGE_CHUNKS
+#define GRAPHSAFE_DS4_MERGE_CHUNKS 4
+#endif
+constexpr int kMergeChunks = GRAPHSAFE_DS4_MERGE_CHUNKS;
+static_assert(kMergeChunks == 1 || kMergeChunks == 2 || kMergeChunks == 4, "GRAPHSAFE_DS4_MERGE_CHUNKS: 1, 2 or 4");
+// 1: the owners store each merged batch (64 of the 512 dims of their heads) as soon as it is
+// staged, so the output stores overlap the rest of the merge; 0: all consumers store the staged
+// heads after the whole merge.
+#ifndef GRAPHSAFE_DS4_CHUNK_STORES
+#define GRAPHSAFE_DS4_CHUNK_STORES 1
+#endif
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
@@ -525,6 +538,40 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
 #pragma unroll
     for (int i = 0; i < 16; ++i) qv[i] = __ldg(reinterpret_cast<const uint4*>(qrow + ((lane >> 3) + 4 * i) * 8));
   }
+  // The slot of row `row` of tile t for a request with nc compressed and TT attended rows whose
+  // split ends at tile te; -1: no row. One predicated load (ld_nc_or): nothing waits for it before
+  // the slot's first use.
+  auto slot_of = [&](int t, int row, int nc, int TT, int te) -> int {
+    const int i = t * kTileRows + row;
+    const std::int32_t* src;
+    if constexpr (kPaged) {
+      src = i < nc ? p.cmp_idx + (static_cast<long long>(b) * p.cmp_width + i)
+                   : p.swa_idx + (static_cast<long long>(b) * p.swa_width + (i - nc));
+    } else {
+      src = p.idx + (static_cast<long long>(b) * p.width + i);
+    }
+    return ld_nc_or(src, t < te && i < TT, -1);
+  };
+  // Producer thread ptid owns rows r0 and r0 + 8 of every tile (see the producer). Before the
+  // lengths are in, it fetches its slots of the split's first three tiles as if the request were at
+  // full width (every compressed and window slot attended: any request longer than the window
+  // and, at C4, 4 x top-k tokens), so that these index loads overlap the length loads: lengths ->
+  // indices -> rows were three dependent round trips before the first tile. Checked against the
+  // lengths below; a request below full width fetches again.
+  const int ptid = tid - kWsConsumers;
+  const int r0 = 16 * (ptid >> 5) + (ptid & 7);
+  const int nc_full = kPaged ? (p.cmp_idx != nullptr ? p.cmp_width : 0) : 0;
+  const int T_full = kPaged ? nc_full + p.swa_width : p.width;
+  const int nt_full = (T_full + kTileRows - 1) / kTileRows;
+  const int tps_full = (nt_full + p.splits - 1) / p.splits;
+  const int tb_full = split * tps_full, te_full = min(nt_full, tb_full + tps_full);
+  int sl_full[3][2];
+  if (tid >= kWsConsumers) {
+#pragma unroll
+    for (int k = 0; k < 3; ++k)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) sl_full[k][rr] = slot_of(tb_full + k, r0 + 8 * rr, nc_full, T_full, te_full);
+  }
 #ifdef GRAPHSAFE_DS4_TIMELINE
   __shared__ unsigned int tl_shared;
   const unsigned long long tl_t0 = tl_clock(), tl_g0 = tl_gtime();
@@ -582,7 +629,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
   if (c == 2) {
     // ================================ producer ================================
     setmaxnreg_dec<kWsProducerRegs>();  // gives the consumers their 2 x (consumer - launch) x 128
-    const int ptid = tid - kWsConsumers;
     // Thread (producer warp pw, lane l) owns rows r0 = 16 pw + l % 8 (row A) and r0 + 8 (row B) of
     // every tile and their 16-byte chunks q + 4m (q = l / 8). It fetches its rows' slots and
     // computes their addresses itself (4 threads share a row: redundant index loads hit L1), so no
@@ -597,30 +643,27 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     // stored: one L2 latency per tile on the critical path (timeline: ~3 us per tile, producer-bound;
     // the consumers waited for FULL).
     const int q = (ptid >> 3) & 3;
-    const int r0 = 16 * (ptid >> 5) + (ptid & 7);
-    auto fetch_slot = [&](int t, int row) -> int {  // slot of a row of tile t; -1: no row
-      const int i = t * kTileRows + row;
-      const std::int32_t* src;
-      if constexpr (kPaged) {
-        src = i < n_cmp ? p.cmp_idx + (static_cast<long long>(b) * p.cmp_width + i)
-                        : p.swa_idx + (static_cast<long long>(b) * p.swa_width + (i - n_cmp));
-      } else {
-        src = p.idx + (static_cast<long long>(b) * p.width + i);
-      }
-      return ld_nc_or(src, t < t_end && i < T, -1);
-    };
+    auto fetch_slot = [&](int t, int row) { return slot_of(t, row, n_cmp, T, t_end); };
     // Slots of tiles t (sl0), t + 1 (sl1), t + 2 (sl2) and t + 3 (sl3, fetched at the top of an
     // iteration). The L2 prefetch of tile t + 2 after the FULL arrive reads slots fetched one
     // iteration earlier (with the pipelined loads an iteration is ~1 us, about one index-load
     // latency: prefetching from slots fetched in the same iteration waited for them, 2 us per tile
     // in the timeline), so a tile's own loads are L2 hits. The index load is one predicated
     // instruction (ld_nc_or) so that nothing waits for it before that first read.
+    // The first three come from the full-width fetch above when the request is at full width
+    // (then t_begin, t_end and every row's source are the same).
+    if (n_cmp != nc_full || T != T_full) {
+#pragma unroll
+      for (int k = 0; k < 3; ++k)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) sl_full[k][rr] = fetch_slot(t_begin + k, r0 + 8 * rr);
+    }
     int sl0[2], sl1[2], sl2[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      sl0[rr] = fetch_slot(t_begin, r0 + 8 * rr);
-      sl1[rr] = fetch_slot(t_begin + 1, r0 + 8 * rr);
-      sl2[rr] = fetch_slot(t_begin + 2, r0 + 8 * rr);
+      sl0[rr] = sl_full[0][rr];
+      sl1[rr] = sl_full[1][rr];
+      sl2[rr] = sl_full[2][rr];
     }
     [[maybe_unused]] const bool tl0 = ptid == 0;
     if constexpr (kPaged) {
@@ -1064,29 +1107,37 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         sk[0] = p.sink[head0 + hrow[0]] * kLog2e;
         sk[1] = p.sink[head0 + hrow[1]] * kLog2e;
       }
-      // The push is st.async into the peer, counted by the peer's merge_bar (one arrival, the
-      // expect_tx, + the 65,792 pushed bytes): no barrier B with its release fence and its wait
-      // for every thread of both CTAs; only the owners wait, for their own bytes (timeline,
-      // session 7: push 2.08 -> 1.74 us; C4 26.8 -> 26.6 us per layer). merge_bar is initialized
-      // before barrier A, which orders it before every other use (the peer's st.async, the
-      // expect_tx, the waits; a transaction count may go below zero before the expect_tx).
-      __shared__ alignas(8) std::uint64_t merge_bar;
-      if (tid == 0) mbar_init(&merge_bar, 1);
-      cluster.sync();  // A: the peer is done with its Q / K area (and its merge_bar is initialized)
+      // The push is st.async into the peer, counted by the peer's merge barriers (one arrival, the
+      // expect_tx, + the pushed bytes): no barrier B with its release fence and its wait for every
+      // thread of both CTAs; only the owners wait, for their own bytes (timeline, session 7: push
+      // 2.08 -> 1.74 us; C4 26.8 -> 26.6 us per layer). The barriers are initialized before
+      // barrier A, which orders them before every other use (the peer's st.async, the expect_tx,
+      // the waits; a transaction count may go below zero before the expect_tx).
+      // The 64 KB arrive in kMergeChunks chunks of 32 / kMergeChunks float4 per thread, each with
+      // its own barrier, (m, l) first on chunk 0's: the owners compute the merge weights and merge
+      // chunk k while chunks k + 1.. are still in flight, so only the last chunk's merge follows
+      // the push (session 10's timeline: push 1.75 us, then weights 0.32 + merge 0.8 us).
+      constexpr int kChunkE = 32 / kMergeChunks;
+      __shared__ alignas(8) std::uint64_t merge_bar[kMergeChunks];
+      if (tid < kMergeChunks) mbar_init(&merge_bar[tid], 1);
+      cluster.sync();  // A: the peer is done with its Q / K area (and its barriers are initialized)
       TL(tl::cluster_a, tid == 0);
-      if (tid == 0) mbar_arrive_expect_tx(&merge_bar, 32 * 128 * 16 + 16 * 2 * 8);
+      if (tid < kMergeChunks) mbar_arrive_expect_tx(&merge_bar[tid], kChunkE * 128 * 16 + (tid == 0 ? 16 * 2 * 8 : 0));
       if (!mine) {
-        const std::uint32_t rbar = mapa_u32(&merge_bar, owner);
-        const std::uint32_t dst = mapa_u32(recv + li, owner);
+        std::uint32_t rbar[kMergeChunks];
 #pragma unroll
-        for (int e = 0; e < 32; ++e) st_async_v4(dst + e * 128 * 16, make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]), rbar);
+        for (int k = 0; k < kMergeChunks; ++k) rbar[k] = mapa_u32(&merge_bar[k], owner);
         if (c == 0 && (lane & 3) == 0) {
           const std::uint32_t dml = mapa_u32(mlr, owner);
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj) st_async_v2(dml + hrow[jj] * 8, m[jj], l[jj], rbar);
+          for (int jj = 0; jj < 2; ++jj) st_async_v2(dml + hrow[jj] * 8, m[jj], l[jj], rbar[0]);
         }
+        const std::uint32_t dst = mapa_u32(recv + li, owner);
+#pragma unroll
+        for (int e = 0; e < 32; ++e)
+          st_async_v4(dst + e * 128 * 16, make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]), rbar[e / kChunkE]);
       } else {
-        mbar_wait_cluster(&merge_bar, 0);
+        mbar_wait_cluster(&merge_bar[0], 0);
       }
       TL(tl::cluster_b, tid == 0);
       if (mine) {
@@ -1111,6 +1162,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         // distinct banks.
         std::uint8_t* s0 = stage + (hrow[0] - rank * 32) * kWsOutStride + (c * 256 + qc) * 2;
         std::uint8_t* s1 = s0 + 8 * kWsOutStride;
+        [[maybe_unused]] uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + rank * 32) * kHeadDim);
         // Batches of 8 received values, all loaded before the batch's first stage store (the
         // compiler does not move shared loads above shared stores it cannot disambiguate: one
         // load latency per value otherwise, 1.6 us for the loop in session 7's timeline), and the
@@ -1119,6 +1171,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         auto merge = [&](auto rank_is_0) {
 #pragma unroll
           for (int e0 = 0; e0 < 32; e0 += 8) {
+            if (e0 > 0 && e0 % kChunkE == 0) mbar_wait_cluster(&merge_bar[e0 / kChunkE], 0);
             float4 v[8];
 #pragma unroll
             for (int k = 0; k < 8; ++k) v[k] = recv[(e0 + k) * 128 + li];
@@ -1135,6 +1188,19 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
               *reinterpret_cast<std::uint32_t*>(s0 + e * 16) = pack_bf16x2(a.x * inv[0], a.y * inv[0]);
               *reinterpret_cast<std::uint32_t*>(s1 + e * 16) = pack_bf16x2(a.z * inv[1], a.w * inv[1]);
             }
+#if GRAPHSAFE_DS4_CHUNK_STORES
+            // Batch e0 / 8 is dims [64 k, 64 k + 64) of each warpgroup's 256, i.e. two 128-byte
+            // segments per head (bytes 128 k and 512 + 128 k of its output row): once every owner
+            // has staged it, 512 16-byte stores, 4 per owner, 8 lanes per segment.
+            bar_sync(kBarOwners, 128);
+            const int k = e0 / 8;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+              const int i = li + 128 * u, h = i >> 4, sg = (i >> 3) & 1, col = i & 7;
+              gout[h * 64 + sg * 32 + k * 8 + col] =
+                  *reinterpret_cast<const uint4*>(stage + h * kWsOutStride + sg * 512 + k * 128 + col * 16);
+            }
+#endif
           }
         };
         if (rank == 0)
@@ -1143,7 +1209,17 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
           merge(std::false_type{});
       }
       TL(tl::merged, tid == 0);
+#if GRAPHSAFE_DS4_CHUNK_STORES
+#ifdef GRAPHSAFE_DS4_TIMELINE
+      if (mine && li == 0 && tl_rec < tl::kMaxRecords) {
+        g_tl[tl_rec * kTlSlots + tl::staged] = tl_clock();
+        g_tl[tl_rec * kTlSlots + tl::clock_exit] = tl_clock();
+        g_tl[tl_rec * kTlSlots + tl::gtime_exit] = tl_gtime();
+      }
+#endif
+#else
       store_staged(32);
+#endif
       return;
     }
     const int lm = tid % nthr, e0 = tid / nthr, estep = kWsConsumers / nthr;
