@@ -15,7 +15,7 @@
 #   (-DGRAPHSAFE_DS4_TIMELINE) of the first variant, C4. NCU=1: ncu of one paged ws launch at C4
 #   (needs ncu on PATH or under the toolkit) from the first variant's build, or from NCU_BUILD
 #   (e.g. build-it-base); bench/ncu_stalls.py summarizes its stall samples. SANITIZE=1: memcheck +
-#   racecheck on test_ds4_kernels. PROBE=1: bench/wgmma_probe (once, from the first variant's build).
+#   racecheck (SANITIZE_TOOLS, e.g. "memcheck racecheck synccheck") on test_ds4_kernels. PROBE=1: bench/wgmma_probe (once, from the first variant's build).
 set -u -o pipefail
 : "${OUT:?set OUT}"
 JOBS=${JOBS:-16}
@@ -166,7 +166,7 @@ if [ "${TESTS:-0}" = 1 ]; then
     say "sanitizers skipped: a test failed above (a hang would spend their whole timeout)"
     fail "sanitizers skipped"
   elif [ "${SANITIZE:-0}" = 1 ]; then
-    for tool in memcheck racecheck; do
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
       say "$tool test_ds4_kernels"
       timeout "$(lim 300)" compute-sanitizer --tool $tool --error-exitcode 99 "$dir/tests/gpu/test_ds4_kernels" >"$OUT/san.$tool.log" 2>&1
       rc=$?
