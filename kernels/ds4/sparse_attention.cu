@@ -30,14 +30,17 @@
 // same order they produce bitwise identical output (checked by the tests and the benchmark).
 //
 // Measured on one H200 (bench/ds4_attention_bench.cu, B=64, H=64, 43 layers, graph replay; see
-// docs/benchmarks.md): ws C4 24.9-25.3 us/layer, C128 ~23.8, C1 ~12.8 -- 3.1-4.3x the physical
-// bound. Where the time goes at C4 (timeline build, -DGRAPHSAFE_DS4_TIMELINE, CTAs with 5 tiles;
-// bench/results/ds4_ws_session10_h200.txt): ~3.0 us before the first tile (queries and the first
-// rows come from HBM, all CTAs at once), ~2.6 us per 64-row tile set by the math warpgroup (S
-// 1.4, softmax + handoff 0.5, PV 0.47; the producer waits for EMPTY), and ~4.2 us of split merge
-// (waiting for the peer 0.7, st.async push of 64 KB of fp32 partials into the peer 1.7, the
-// merge and the output 1.8). S runs at about half the tensor pipe's rate while the producer
-// stores the next tile (bench/wgmma_probe.cu's pipeline probe reproduces it).
+// docs/benchmarks.md): ws C4 23.9-24.1 us/layer, C128 22.5-22.8, C1 11.8-11.9 -- 2.97-2.98x the
+// physical bound at C4 (session 11, three runs). Where the time goes at C4 (timeline build,
+// -DGRAPHSAFE_DS4_TIMELINE, CTAs with 5 tiles; bench/results/ds4_ws_session11_h200.txt): ~2.9 us
+// before the first tile (queries and the first rows come from HBM, all CTAs at once), ~2.4 us per
+// 64-row tile set by the math warpgroup (S 1.2, softmax + PV 0.9; the producer waits for EMPTY),
+// then the split merge (a cluster barrier, the 64 KB st.async push into the peer in 4 chunks, each
+// merged and stored while the next is in flight). S runs at about half the tensor pipe's rate
+// while the producer stores the next tile (bench/wgmma_probe.cu's pipeline probe reproduces it).
+// compute-sanitizer synccheck reports the named barriers as divergent (bar.sync is the aligned
+// form, reached here from different code by the two consumer warpgroups): see
+// bench/results/ds4_ws_session11_unaligned_barriers.patch.
 
 #include <graphsafe/ds4/detail/timeline.hpp>
 #include <graphsafe/ds4/kernels.hpp>
