@@ -165,6 +165,9 @@ struct AttentionCommon {
 };
 
 // (A) paged-direct: fp8 rows read through global slots from the two caches, dequantized in smem.
+// Both attention paths may read every entry of their [B, width] index arrays, past a request's
+// length too (the first tiles' slots are fetched before the lengths arrive, then discarded if the
+// request is shorter): the whole arrays must be allocated; entries past the length are never used.
 struct PagedAttentionArgs {
   AttentionCommon c;
   PagedCache swa;                             // device base
