@@ -463,12 +463,6 @@ constexpr int kWsOutStride = kHeadDim * 2 + 16;  // bytes per head row of the st
 #endif
 constexpr int kMergeChunks = GRAPHSAFE_DS4_MERGE_CHUNKS;
 static_assert(kMergeChunks == 1 || kMergeChunks == 2 || kMergeChunks == 4, "GRAPHSAFE_DS4_MERGE_CHUNKS: 1, 2 or 4");
-// 1: the owners store each merged batch (64 of the 512 dims of their heads) as soon as it is
-// staged, so the output stores overlap the rest of the merge; 0: all consumers store the staged
-// heads after the whole merge.
-#ifndef GRAPHSAFE_DS4_CHUNK_STORES
-#define GRAPHSAFE_DS4_CHUNK_STORES 1
-#endif
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
@@ -1074,8 +1068,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     // This rank's heads [rank * heads, +heads) are one contiguous block of the output: once every
     // consumer has staged its merged values, 16-byte coalesced stores (direct 4-byte stores touched
     // 8 heads x 16 bytes per warp store; ncu showed them as a quarter of the epilogue's stalls, "LG
-    // throttle"). Both merges end here.
-    auto store_staged = [&](int heads) {  // the two-rank merge passes its 32 as a constant
+    // throttle"). The generic merge ends here; the two-rank merge stores batch by batch.
+    auto store_staged = [&](int heads) {
       bar_sync(kBarOut, kWsConsumers);
       TL(tl::staged, tid == 0);
       uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + rank * heads) * kHeadDim);
@@ -1167,7 +1161,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
         // distinct banks.
         std::uint8_t* s0 = stage + (hrow[0] - rank * 32) * kWsOutStride + (c * 256 + qc) * 2;
         std::uint8_t* s1 = s0 + 8 * kWsOutStride;
-        [[maybe_unused]] uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + rank * 32) * kHeadDim);
+        uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + rank * 32) * kHeadDim);
         // Batches of 8 received values, all loaded before the batch's first stage store (the
         // compiler does not move shared loads above shared stores it cannot disambiguate: one
         // load latency per value otherwise, 1.6 us for the loop in session 7's timeline), and the
@@ -1193,7 +1187,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
               *reinterpret_cast<std::uint32_t*>(s0 + e * 16) = pack_bf16x2(a.x * inv[0], a.y * inv[0]);
               *reinterpret_cast<std::uint32_t*>(s1 + e * 16) = pack_bf16x2(a.z * inv[1], a.w * inv[1]);
             }
-#if GRAPHSAFE_DS4_CHUNK_STORES
             // Batch e0 / 8 is dims [64 k, 64 k + 64) of each warpgroup's 256, i.e. two 128-byte
             // segments per head (bytes 128 k and 512 + 128 k of its output row): once every owner
             // has staged it, 512 16-byte stores, 4 per owner, 8 lanes per segment.
@@ -1205,7 +1198,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
               gout[h * 64 + sg * 32 + k * 8 + col] =
                   *reinterpret_cast<const uint4*>(stage + h * kWsOutStride + sg * 512 + k * 128 + col * 16);
             }
-#endif
           }
         };
         if (rank == 0)
@@ -1214,16 +1206,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
           merge(std::false_type{});
       }
       TL(tl::merged, tid == 0);
-#if GRAPHSAFE_DS4_CHUNK_STORES
-#ifdef GRAPHSAFE_DS4_TIMELINE
+#ifdef GRAPHSAFE_DS4_TIMELINE  // the owners stored their heads batch by batch above
       if (mine && li == 0 && tl_rec < tl::kMaxRecords) {
         g_tl[tl_rec * kTlSlots + tl::staged] = tl_clock();
         g_tl[tl_rec * kTlSlots + tl::clock_exit] = tl_clock();
         g_tl[tl_rec * kTlSlots + tl::gtime_exit] = tl_gtime();
       }
-#endif
-#else
-      store_staged(32);
 #endif
       return;
     }
