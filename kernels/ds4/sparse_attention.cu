@@ -462,6 +462,13 @@ constexpr int kWsOutStride = kHeadDim * 2 + 16;  // bytes per head row of the st
 #define GRAPHSAFE_DS4_MERGE_CHUNKS 4
 #endif
 constexpr int kMergeChunks = GRAPHSAFE_DS4_MERGE_CHUNKS;
+// Comparison builds only (-DGRAPHSAFE_DS4_MERGE_GENERIC): two ranks through the generic merge too.
+// The producer's barrier count follows it (before session 11 it did not: one cluster barrier short).
+#ifdef GRAPHSAFE_DS4_MERGE_GENERIC
+constexpr bool kMergeGeneric = true;
+#else
+constexpr bool kMergeGeneric = false;
+#endif
 static_assert(kMergeChunks == 1 || kMergeChunks == 2 || kMergeChunks == 4, "GRAPHSAFE_DS4_MERGE_CHUNKS: 1, 2 or 4");
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
@@ -827,7 +834,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     if (p.cluster) {  // barriers A and B of the merge
       cg::cluster_group cluster = cg::this_cluster();
       cluster.sync();
-      if (cluster.num_blocks() != 2) cluster.sync();  // the two-rank merge has no barrier B
+      if (cluster.num_blocks() != 2 || kMergeGeneric) cluster.sync();  // the two-rank merge has no barrier B
     }
     return;
   }
@@ -1087,11 +1094,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(cons
     // 256 / nthr * k: the values pushed by the threads with index lm, i.e. heads g[0], g[1] and
     // dims d, d + 1 (o[]'s mapping for warp mw of a warpgroup mc). The sinks are loaded now, so
     // their latency is spent in the barriers.
-#ifdef GRAPHSAFE_DS4_MERGE_GENERIC  // comparison builds only: every cluster size through the generic merge
-    if (false) {
-#else
-    if (nr == 2) {
-#endif
+    if (nr == 2 && !kMergeGeneric) {
       // Two ranks (the C4 / C128 / C1 default): rank r owns heads [32 r, 32 r + 32), i.e. warps
       // 2r, 2r + 1 of each consumer warpgroup, which keep their O in registers; only the other
       // warps push (64 KB per CTA, into the peer's single receive slot), and each owner thread
