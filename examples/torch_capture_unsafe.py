@@ -11,7 +11,7 @@ Three captures of the same model step:
      with capture_error_mode="relaxed": succeeds silently, not part of the graph -> finding "alloc".
   3. `.item()` inside a relaxed capture: a device-to-host copy plus a stream sync of the capturing
      stream -> findings "d2h-copy" / "host-sync" (CUDA rejects the sync; the capture fails, which we
-     catch). The frozen host value is the bug class behind most rows of SPEC.md section 6.
+     catch). A frozen host value is the bug class behind most capture bugs engines report.
 Exit code 0 when the tool flagged 2 and 3 (and not 1) -- checked from the JSON report if the path is
 known, else the script only runs the captures.
 """

@@ -1,4 +1,4 @@
-// Index construction for the two attention paths (SPEC.md 4.2 step 8 and 5.1). One CTA per request;
+// Index construction for the two attention paths (docs/ds4_model.md §4.2 step 8 and §7.1). One CTA per request;
 // exact integer twins of ref::combine_paged and ref::combine_gather (strided gather layout) /
 // ref::combine_gather_ragged (ragged). Lengths come from DEVICE seq_lens; widths, N and M are launch
 // arguments.

@@ -1,4 +1,4 @@
-// Compressor (SPEC.md 2.2): per-channel gated pooling of the fp32 token state into one compressed
+// Compressor (docs/ds4_model.md §2.2): per-channel gated pooling of the fp32 token state into one compressed
 // row, RMSNorm, rope at position j*ratio, quantize into the compressed cache. One CTA per output row.
 // Twin of ref::compress_row + ref::compress_finalize + ref::quantize_insert. The pooling runs in the
 // reference's slot order with unfused multiply/add, so it matches the reference up to expf's last

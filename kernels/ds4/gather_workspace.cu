@@ -1,4 +1,4 @@
-// Gather-to-workspace (SPEC.md 4.2 steps 5-6): dequantize every visible compressed row and the SWA
+// Gather-to-workspace (docs/ds4_model.md §4.2 steps 5-6): dequantize every visible compressed row and the SWA
 // window of each request into the bf16 workspace [B*M, 512]. One warp per row, grid-stride over the
 // request's rows (the grid is static; n_c and swa_len come from device seq_lens). Two launches:
 // compressed rows, then SWA rows, like the seed.

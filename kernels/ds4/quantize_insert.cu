@@ -1,4 +1,4 @@
-// Quantize-and-insert (SPEC.md 3.1): rows [n, 512] -> fp8_ds_mla tokens of a paged cache.
+// Quantize-and-insert (docs/ds4_model.md §3.1): rows [n, 512] -> fp8_ds_mla tokens of a paged cache.
 // One warp per row; bit-identical to ref::quantize_insert (exact UE8M0 exponent, RNE fp8/bf16).
 #include <graphsafe/ds4/kernels.hpp>
 

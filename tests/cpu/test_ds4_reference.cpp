@@ -1,7 +1,7 @@
 // CPU tests of the DS4 reference (kernels/ds4/reference): scalar conversions, the fp8_ds_mla byte
 // layout, the compressor, both combine flavours, the gather and the attention with sink. Every check
 // is against hand-computed bytes/values or an independent double-precision recomputation.
-// Tiny shapes (SPEC.md 7.3): B = 2, H = 4, W = 4, K = 8, max_model_len = 512, SWA blocks of 16.
+// Tiny shapes (docs/ds4_model.md §7.3): B = 2, H = 4, W = 4, K = 8, max_model_len = 512, SWA blocks of 16.
 #include <catch2/catch.hpp>
 
 #include <graphsafe/ds4/detail/cache_view.hpp>
@@ -46,7 +46,7 @@ struct TestRng {
   }
 };
 
-// Independent slot math straight from the block tables (SPEC.md 3.2).
+// Independent slot math straight from the block tables (docs/ds4_model.md §3.2).
 std::int64_t swa_slot_indep(const ds4::DecodeProblem& p, int b, int pos) {
   const int bs = p.cfg.swa_block_tokens;
   return static_cast<std::int64_t>(p.swa_block_table[b * p.swa_blocks_per_req + pos / bs]) * bs + pos % bs;
@@ -114,7 +114,7 @@ std::vector<std::vector<float>> attended_rows(ds4::DecodeProblem& p, int b) {
 }
 
 struct Case { int ratio; std::vector<std::int32_t> lens; };
-// SPEC.md 7.3 edges: L < W, n_c = 0, n_c < K, n_c = K, n_c > K, exact multiples of r, seq_len 0, full.
+// docs/ds4_model.md §7.3 edges: L < W, n_c = 0, n_c < K, n_c = K, n_c > K, exact multiples of r, seq_len 0, full.
 std::vector<Case> edge_cases() {
   return {
       {1, {1, 3}},      {1, {4, 5}},       {1, {0, 512}},     {4, {3, 5}},       {4, {4, 8}},
@@ -534,7 +534,7 @@ TEST_CASE("compressor: finalize = RMSNorm(weight) then GPT-J rope at j*r", "[ds4
 
 // ============================================ widths, problem ====================================
 
-TEST_CASE("LayerConfig widths (SPEC.md 4.4, 7.2)", "[ds4][problem]") {
+TEST_CASE("LayerConfig widths are the static capacity sizes", "[ds4][problem]") {
   CHECK(tiny(1).compressed_width() == 0);
   CHECK(tiny(1).combined_width() == 128);
   CHECK(tiny(4).compressed_width() == 8);
@@ -553,7 +553,7 @@ TEST_CASE("LayerConfig widths (SPEC.md 4.4, 7.2)", "[ds4][problem]") {
   ds4::LayerConfig pro;
   pro.topk = 1024;
   CHECK(pro.combined_width() == 1152);
-  // Capacity invariant (SPEC.md 4.4): every legal seq_len fits the static sizes.
+  // Capacity invariant (docs/ds4_model.md §4.4): every legal seq_len fits the static sizes.
   for (int r : {1, 4, 128}) {
     const ds4::LayerConfig c = tiny(r);
     for (int L = 0; L <= c.max_model_len; ++L) {
@@ -705,7 +705,7 @@ TEST_CASE("make_problem/validate: bad input throws naming the value and the limi
 
 // ============================================ combine / gather ===================================
 
-TEST_CASE("combine_paged: SPEC.md 7.3 edge cases", "[ds4][combine]") {
+TEST_CASE("combine_paged handles the tiny-shape edge cases", "[ds4][combine]") {
   const auto picks = GENERATE(ds4::Picks::random, ds4::Picks::last8);
   for (const Case& k : edge_cases()) {
     ds4::DecodeProblem p = ds4::make_problem(tiny(k.ratio), k.lens, 100 + k.ratio, picks);
@@ -793,7 +793,7 @@ TEST_CASE("combine_gather + gather_workspace, both layouts: capture-time sizes t
                             {"ragged", ref::combine_gather_ragged, ref::gather_workspace_ragged}};
   std::vector<float> ws(2 * 132 * 512);  // B * M * 512 at the largest sizes below
   std::vector<std::int32_t> idx(1024), len(2);
-  // SPEC.md 4.3 worked example, W = 4: sizes frozen at seq_lens [3,5], replayed longer.
+  // docs/ds4_model.md §4.3 worked example, W = 4: sizes frozen at seq_lens [3,5], replayed longer.
   const ds4::DecodeProblem c4 = ds4::make_problem(tiny(4), {15, 17}, 1);        // captured N = 1, M = 5
   const ds4::DecodeProblem c128 = ds4::make_problem(tiny(128), {255, 257}, 1);  // captured N = 0, M = 4
   const ds4::DecodeProblem c1 = ds4::make_problem(tiny(1), {3, 5}, 1);          // dummy capture L = 1: G = 1
@@ -805,7 +805,7 @@ TEST_CASE("combine_gather + gather_workspace, both layouts: capture-time sizes t
     CHECK_THROWS_WITH(lay.gather(c128, 0, 4, ws.data()), Contains("n_c = 1") && Contains("N = 0"));
     CHECK_THROWS_WITH(lay.combine(c1, 0, 1, idx.data(), len.data()), Contains("swa_len = 3") && Contains("M - N = 1"));
     CHECK_THROWS_WITH(lay.gather(c1, 0, 1, ws.data()), Contains("swa_len = 3") && Contains("M - N = 1"));
-    // The capacity sizes of SPEC.md 4.4 hold them.
+    // The capacity sizes of docs/ds4_model.md §4.4 hold them.
     CHECK_NOTHROW(lay.combine(c4, 128, 132, idx.data(), len.data()));
     CHECK_NOTHROW(lay.gather(c4, 128, 132, ws.data()));
     CHECK_NOTHROW(lay.combine(c128, 4, 8, idx.data(), len.data()));

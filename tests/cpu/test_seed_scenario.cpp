@@ -92,7 +92,7 @@ TEST_CASE("seed scenario: exact-at-capture is reported at capture and refused by
   auto graph = capture(arena, s, b, [&](const Bindings& bb) {
     const std::int64_t N = arena.dimension(s, "kv.compressed_rows", m.n_c, exact_at_capture, bb);
     const std::int64_t G = arena.dimension(s, "kv.swa_rows", m.g, exact_at_capture, bb);
-    CHECK(N == 1);  // SPEC 4.3 worked example: N = max(3//4, 5//4) = 1, G = 4, M = 5
+    CHECK(N == 1);  // docs/ds4_model.md §4.3 worked example: N = max(3//4, 5//4) = 1, G = 4, M = 5
     CHECK(G == 4);
     const std::int64_t M = N + G;
     auto ws = arena.request(s, "kv", Extent(m.R) * M, sizeof(std::int64_t), exact_at_capture, bb);

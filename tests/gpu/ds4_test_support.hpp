@@ -1,4 +1,4 @@
-// Shared by the DS4 GPU tests (seed regression, virtual growth): the tiny layer shape of SPEC.md 7.3,
+// Shared by the DS4 GPU tests (seed regression, virtual growth): the tiny layer shape of docs/ds4_model.md §7.3,
 // a stream that outlives the arena and graphs declared after it, bf16 download, relative error.
 #pragma once
 

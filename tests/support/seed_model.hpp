@@ -1,4 +1,4 @@
-// The seed's model (../shared/seeds, SPEC 7.3 tiny shape), shared by the CPU and GPU tests that
+// The seed bug's model (docs/concepts.md; the tiny shape of docs/ds4_model.md §7.3), shared by the CPU and GPU tests that
 // replay it: R requests, window W, seq_lens[b] <= kMaxLen; a C4 layer's compressed rows
 // n_c = max_b floor(L[b] / 4) and SWA rows g = max_b min(L[b], W); the value the gather writes into
 // each row (it names request, part and position, so any overlap shows) and the rows a correct

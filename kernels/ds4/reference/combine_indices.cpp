@@ -1,5 +1,5 @@
 // Index mapping and the two "combine" flavours (paged-direct and gather-to-workspace), plus the
-// gather itself. SPEC.md 2.4, 3.2, 4.2 steps 5-8.
+// gather itself. docs/ds4_model.md §2.4, §3.2, §4.2 steps 5-8.
 #include <graphsafe/ds4/reference.hpp>
 
 #include "detail.hpp"

@@ -1,4 +1,4 @@
-// Compressor (learned gated pooling) of SPEC.md 2.2: per-channel softmax over the slots of one
+// Compressor (learned gated pooling) of docs/ds4_model.md §2.2: per-channel softmax over the slots of one
 // compressed row, then RMSNorm + rope of the result.
 #include <graphsafe/ds4/reference.hpp>
 

@@ -1,4 +1,4 @@
-// fp8_ds_mla (V4 "MODEL1") quantize/insert and dequantize of one 512-wide row. SPEC.md 3.1.
+// fp8_ds_mla (V4 "MODEL1") quantize/insert and dequantize of one 512-wide row. docs/ds4_model.md §3.1.
 #include <graphsafe/ds4/reference.hpp>
 
 #include "detail.hpp"

@@ -1,4 +1,4 @@
-// Attention with sink over the attended rows (SPEC.md 2.5, 7.4), two entry points: straight from the
+// Attention with sink over the attended rows (docs/ds4_model.md §2.5, §7.4), two entry points: straight from the
 // paged caches, and over a gathered workspace through combined indices.
 #include <graphsafe/ds4/reference.hpp>
 

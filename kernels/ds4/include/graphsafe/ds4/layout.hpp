@@ -1,5 +1,5 @@
 // DS4 ("DeepSeek V4") KV-cache byte layout: the single source of truth shared by the CUDA kernels
-// and the CPU reference. Everything here is SPEC.md section 3.1 ("fp8_ds_mla", MODEL1 flavour).
+// and the CPU reference. Everything here is docs/ds4_model.md §3.1 ("fp8_ds_mla", MODEL1 flavour).
 #pragma once
 
 #include <cstddef>
@@ -28,7 +28,7 @@ constexpr std::size_t block_stride_bytes(int block_tokens) {
   const std::size_t raw = static_cast<std::size_t>(block_tokens) * kTokenBytes;
   return (raw + kBlockStrideAlign - 1) / kBlockStrideAlign * kBlockStrideAlign;
 }
-static_assert(block_stride_bytes(64) == 37440, "SPEC.md 3.1: bs=64 -> 37376 B padded to 37440 B");
+static_assert(block_stride_bytes(64) == 37440, "docs/ds4_model.md §3.1: bs=64 -> 37376 B padded to 37440 B");
 
 constexpr std::size_t token_data_offset(int block_tokens, int t) {
   (void)block_tokens;
@@ -44,7 +44,7 @@ inline constexpr int kScaleBias = 127;
 inline constexpr float kFp8Max = 448.0f;   // e4m3 finite max
 inline constexpr float kAmaxFloor = 1e-4f; // vLLM clamps amax >= 1e-4 before taking the exponent
 
-// Default model facts (SPEC.md section 1, V4-Flash); every kernel takes them as arguments.
+// Default model facts (docs/ds4_model.md §1, V4-Flash); every kernel takes them as arguments.
 inline constexpr int kDefaultWindow = 128;      // W
 inline constexpr int kSwaBlockTokens = 64;      // SWA cache block (tokens)
 inline constexpr int kCompressedBlockSpan = 256;// a compressed block covers 256 tokens: 256/r entries

@@ -1,5 +1,5 @@
 // DS4 CPU reference: plain C++20, fp32, no CUDA. The ground truth the CUDA kernels (paged-direct
-// and gather-to-workspace) are compared against. SPEC.md sections 2, 3, 4.2-4.4 and 7.
+// and gather-to-workspace) are compared against. docs/ds4_model.md §2-§4 and §7.
 //
 // Conventions shared by every function here:
 //  * A "row" is one 512-wide latent vector (448 nope + 64 rope dims); K and V are the same row.
@@ -28,7 +28,7 @@ float fp8_e4m3_to_float(std::uint8_t v);  // exact; 0x7F/0xFF -> quiet NaN
 std::uint16_t bf16_from_float(float x);
 float bf16_to_float(std::uint16_t v);     // exact
 
-// ---- fp8_ds_mla quantize / dequantize (reference/kv_quant.cpp), SPEC.md 3.1 -----------------
+// ---- fp8_ds_mla quantize / dequantize (reference/kv_quant.cpp), docs/ds4_model.md §3.1 -----------------
 
 // UE8M0 exponent of one 64-wide tile, vLLM flavour: e = ceil(log2(max(amax, 1e-4) / 448)), computed
 // EXACTLY on the fp32 quotient fl(max(amax,1e-4f) / 448.0f) (frexp, not log2f: log2f can round a
@@ -50,7 +50,7 @@ void quantize_insert(const float* row512, const PagedCache& cache, std::int64_t 
 // representable in bf16 (fp8 has 3 mantissa bits), so a bf16 workspace loses nothing.
 void dequantize_row(const PagedCache& cache, std::int64_t slot, float* out512);
 
-// ---- compressor (reference/compressor.cpp), SPEC.md 2.2 -------------------------------------
+// ---- compressor (reference/compressor.cpp), docs/ds4_model.md §2.2 -------------------------------------
 
 inline constexpr float kRmsNormEps = 1e-6f;
 
@@ -90,7 +90,7 @@ PagedCache cmp_view(const DecodeProblem& p);
 std::int64_t swa_slot(const DecodeProblem& p, int b, int pos);
 std::int64_t compressed_slot(const DecodeProblem& p, int b, int j);
 
-// Local compressed ids attended by request b, in attention order (SPEC.md 2.4):
+// Local compressed ids attended by request b, in attention order (docs/ds4_model.md §2.4):
 // C4: the first min(n_c, K) entries of topk_local[b]; C128: 0 .. min(n_c, compressed_width)-1;
 // C1 and seq_len 0: none.
 std::vector<int> compressed_picks(const DecodeProblem& p, int b);
@@ -106,7 +106,7 @@ std::vector<int> compressed_picks(const DecodeProblem& p, int b);
 void combine_paged(const DecodeProblem& p, std::int32_t* cmp_idx, std::int32_t* cmp_lens,
                    std::int32_t* swa_idx, std::int32_t* swa_lens);
 
-// Gather path (SPEC.md 4.2 steps 5-8): the kv workspace is [B, M, 512], request b owns rows
+// Gather path (docs/ds4_model.md §4.2 steps 5-8): the kv workspace is [B, M, 512], request b owns rows
 // [b*M, b*M + M): compressed rows 0..n_c-1 at offset 0 (ALL n_c rows, also for C4) and SWA rows at
 // offset N (N = compressed rows reserved per request, M = N + G).
 // gather_workspace fills ws[B*M*512] (fp32 holding bf16-exact values; rows not written are 0).
@@ -114,7 +114,7 @@ void combine_paged(const DecodeProblem& p, std::int32_t* cmp_idx, std::int32_t* 
 //   [b*M + c for c in compressed_picks(b)] ++ [b*M + N + i for i < swa_len], then -1;
 //   lens[b] = topk_len + swa_len (0 and all -1 for seq_len 0).
 // Both throw std::invalid_argument when the sizes cannot hold the problem -- n_c > N or
-// swa_len > M - N (exactly the capture-time-sizing bug of SPEC.md 4.3) -- or B*M overflows int32.
+// swa_len > M - N (exactly the capture-time-sizing bug of docs/ds4_model.md §4.3) -- or B*M overflows int32.
 void gather_workspace(const DecodeProblem& p, int N, int M, float* ws);
 void combine_gather(const DecodeProblem& p, int N, int M, std::int32_t* idx, std::int32_t* lens);
 
@@ -132,7 +132,7 @@ std::int64_t ragged_rows(const DecodeProblem& p);
 void gather_workspace_ragged(const DecodeProblem& p, int N, int M, float* ws);
 void combine_gather_ragged(const DecodeProblem& p, int N, int M, std::int32_t* idx, std::int32_t* lens);
 
-// ---- attention with sink (reference/sparse_attention.cpp), SPEC.md 2.5 / 7.4 -----------------
+// ---- attention with sink (reference/sparse_attention.cpp), docs/ds4_model.md §2.5, §7.4 -----------------
 
 inline constexpr float kSoftmaxScale = 0.044194173824159216f;  // 512^-0.5
 
