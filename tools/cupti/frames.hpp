@@ -81,6 +81,17 @@ inline bool runtime_module(std::string_view path) {
          starts_with(base, "libnvidia-") || starts_with(base, "libgraphsafe_cupti");
 }
 
+// The C and C++ runtime libraries: the CUDA runtime calls through them (pthread_once around its
+// lazy initialization), so one of their frames is never taken for the call site.
+inline bool system_module(std::string_view path) {
+  const auto slash = path.rfind('/');
+  const std::string_view base = slash == std::string_view::npos ? path : path.substr(slash + 1);
+  for (std::string_view p : {"libc.so", "libc-", "libpthread", "libstdc++", "libgcc_s", "ld-linux", "libdl", "librt",
+                             "libm.so"})
+    if (starts_with(base, p)) return true;
+  return false;
+}
+
 inline std::string demangle(const char* s) {
   if (!s || !*s) return {};
   int status = 0;
@@ -130,9 +141,10 @@ inline std::vector<Frame> symbolize(void* const* pcs, int n) {
 }
 
 // Index of the call site: the first named frame, past `skip` frames, that is neither in a module of
-// the CUDA stack (nor in `self_base`, the tool's own module) nor a runtime function by name. Unnamed
-// frames are taken as the runtime's (a statically linked runtime's local symbols). When no frame is
-// named outside the runtime, the first frame after the last runtime frame; frames.size() if none.
+// the CUDA stack (nor in `self_base`, the tool's own module) nor a runtime function by name, nor in
+// the C / C++ runtime libraries. Unnamed frames are taken as the runtime's (a statically linked
+// runtime's local symbols). When no frame qualifies, the first frame after the last runtime frame;
+// frames.size() if none.
 inline std::size_t first_outside_runtime(const std::vector<Frame>& frames, std::string_view api,
                                          const void* self_base = nullptr, std::size_t skip = 0) {
   std::size_t last_runtime = frames.size();
@@ -144,7 +156,7 @@ inline std::size_t first_outside_runtime(const std::vector<Frame>& frames, std::
       last_runtime = i;
       continue;
     }
-    if (!f.function.empty()) return i;
+    if (!f.function.empty() && !system_module(f.module)) return i;
   }
   if (last_runtime == frames.size()) return skip < frames.size() ? skip : frames.size();
   return last_runtime + 1;

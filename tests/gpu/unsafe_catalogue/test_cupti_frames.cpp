@@ -75,6 +75,10 @@ TEST_CASE("cupti frames: the site skips unnamed static-runtime frames and lands 
                         fr("", app),                      fr("read_count(int*)", app),
                         fr("main", app)};
   CHECK(first_outside_runtime(fs, "cudaMemcpy") == 7);
+  // The runtime's lazy initialization runs under pthread_once (libc): not the site.
+  std::vector<Frame> init{fr("", "/usr/lib/libcuda.so.1"), fr("", app), fr("__pthread_once_slow", "/lib/libc.so.6"),
+                          fr("", app), fr("cudaMalloc", app), fr("step()", app)};
+  CHECK(first_outside_runtime(init, "cudaMalloc") == 5);
   // Nothing named outside the runtime (a stripped program): the frame after the last runtime one.
   std::vector<Frame> stripped{fr("", "/usr/lib/libcuda.so.1"), fr("cudaMemcpy", app), fr("", app), fr("", app)};
   CHECK(first_outside_runtime(stripped, "cudaMemcpy") == 2);
