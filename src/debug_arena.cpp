@@ -250,6 +250,12 @@ std::string caller_site() {
   for (int i = 1, listed = 0; i < n; ++i) {
     Dl_info info{};
     if (!dladdr(pcs[i], &info)) continue;
+    // The C / C++ runtime libraries (a container's destructor, the program's entry) are never it.
+    const char* slash = info.dli_fname ? std::strrchr(info.dli_fname, '/') : nullptr;
+    const std::string_view module = slash ? slash + 1 : info.dli_fname ? info.dli_fname : "";
+    if (module.starts_with("libc.so") || module.starts_with("libstdc++") || module.starts_with("libgcc_s") ||
+        module.starts_with("ld-linux"))
+      continue;
     if (info.dli_sname) {
       int status = 0;
       char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
@@ -264,13 +270,11 @@ std::string caller_site() {
       return name.substr(0, 240);
     }
     if (listed++ < 4) {
-      const char* slash = info.dli_fname ? std::strrchr(info.dli_fname, '/') : nullptr;
       char off[32];
       std::snprintf(off, sizeof off, "+0x%zx",
                     static_cast<std::size_t>(reinterpret_cast<std::uintptr_t>(pcs[i]) -
                                              reinterpret_cast<std::uintptr_t>(info.dli_fbase)));
-      unnamed += (unnamed.empty() ? "" : " < ") + std::string(slash ? slash + 1 : info.dli_fname ? info.dli_fname : "?") +
-                 off;
+      unnamed += (unnamed.empty() ? "" : " < ") + std::string(module.empty() ? "?" : module) + off;
     }
   }
   return unnamed.empty() ? std::string("unknown") : "unnamed frames " + unnamed + " (link with -rdynamic to name them)";

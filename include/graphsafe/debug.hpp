@@ -47,7 +47,7 @@ inline constexpr std::string_view concurrent_family_replay = "concurrent-family-
 inline constexpr std::string_view canary_overwrite = "canary-overwrite";                   // 7
 inline constexpr std::string_view replay_mismatch = "replay-mismatch";                     // 9
 inline constexpr std::string_view replay_refused = "replay-refused";                       // 9 (guard refused)
-inline constexpr std::string_view captured_eager_release = "captured-eager-release";       // 13
+inline constexpr std::string_view captured_eager_release = "captured-eager-release";
 }  // namespace kind
 
 struct Finding {

@@ -399,13 +399,9 @@ TEST_CASE_METHOD(SeedDebugArena, "debug: external findings and the JSON report",
 // The engine pattern: a buffer requested eagerly once, its address captured into a graph, then freed
 // (or re-requested at a new size) while the graph lives. Its bytes are served again and every replay
 // writes into their new owner.
-TEST_CASE("debug: an eager workspace released while a graph uses it by pointer is reported with both sites",
-          "[debug][captured-eager]") {
-  debug::clear_findings();
-  HostBackend backend;
-  Arena arena(backend, debug_options());
-  HostStream s;
-  arena.reserve(1 << 20, s);
+TEST_CASE_METHOD(SeedDebugArena,
+                 "debug: an eager workspace released while a graph uses it by pointer is reported with both sites",
+                 "[debug][captured-eager]") {
   auto table = arena.request(s, "block_table", Extent(64), sizeof(int), capacity_bound, Bindings{});
   auto graph = capture(arena, s, Bindings{}, [&](const Bindings&) {
     int* p = table.as<int>();
@@ -435,14 +431,10 @@ TEST_CASE("debug: an eager workspace released while a graph uses it by pointer i
   CHECK_THAT(f[0].fix, Catch::Contains("inside the capture"));
 }
 
-TEST_CASE("debug: no captured-eager finding for a workspace requested inside the capture, a graph destroyed first, or "
-          "an eager workspace the graph does not use",
-          "[debug][captured-eager]") {
-  debug::clear_findings();
-  HostBackend backend;
-  Arena arena(backend, debug_options());
-  HostStream s;
-  arena.reserve(1 << 20, s);
+TEST_CASE_METHOD(SeedDebugArena,
+                 "debug: no captured-eager finding for a workspace requested inside the capture, a graph destroyed "
+                 "first, or an eager workspace the graph does not use",
+                 "[debug][captured-eager]") {
   auto unrelated = arena.request(s, "unrelated", Extent(64), sizeof(int), capacity_bound, Bindings{});
   {
     // The fix: the workspace requested inside the capture belongs to the graph.

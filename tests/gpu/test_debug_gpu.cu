@@ -240,14 +240,21 @@ TEST_CASE("gpu debug: audit_replay flags the exact-at-capture graph and passes t
 // The engine pattern: metadata requested eagerly once, its address captured as a kernel argument and
 // as a copy's source, then released while the graph lives: its bytes are served again and every
 // replay writes into their new owner.
-TEST_CASE("gpu debug: an eager workspace released while a captured kernel or copy uses it is reported",
-          "[gpu][debug][captured-eager]") {
-  debug::clear_findings();
+// Findings cleared, a debug-mode arena with 16 MiB reserved, and a device buffer copies go to.
+struct EagerCaptureFixture {
+  EagerCaptureFixture() {
+    debug::clear_findings();
+    arena.reserve(16 << 20, sh.s);
+  }
   StreamHolder sh;
   CudaBackend backend;
-  Arena arena(backend, debug_options());
-  arena.reserve(16 << 20, sh.s);
-  DevBuf<std::int64_t> copied(1024);
+  Arena arena{backend, debug_options()};
+  DevBuf<std::int64_t> copied{1024};
+};
+
+TEST_CASE_METHOD(EagerCaptureFixture,
+                 "gpu debug: an eager workspace released while a captured kernel or copy uses it is reported",
+                 "[gpu][debug][captured-eager]") {
   auto meta = arena.request(sh.s, "decode.metadata", Extent(1024), sizeof(std::int64_t), capacity_bound, Bindings{});
   auto graph = capture(arena, sh.s, Bindings{}, [&](const Bindings&) {
     fill_kernel<<<4, kThreads, 0, sh.s>>>(meta.as<std::int64_t>(), meta.count(), 7);
@@ -290,15 +297,10 @@ TEST_CASE("gpu debug: an eager workspace released while a captured kernel or cop
   GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
 }
 
-TEST_CASE("gpu debug: no captured-eager finding for a workspace requested inside the capture or a graph destroyed "
-          "first",
-          "[gpu][debug][captured-eager]") {
-  debug::clear_findings();
-  StreamHolder sh;
-  CudaBackend backend;
-  Arena arena(backend, debug_options());
-  arena.reserve(16 << 20, sh.s);
-  DevBuf<std::int64_t> copied(1024);
+TEST_CASE_METHOD(EagerCaptureFixture,
+                 "gpu debug: no captured-eager finding for a workspace requested inside the capture or a graph "
+                 "destroyed first",
+                 "[gpu][debug][captured-eager]") {
   {
     // The fix: the workspace requested inside the capture belongs to the graph.
     auto graph = capture(arena, sh.s, Bindings{}, [&](const Bindings& b) {
