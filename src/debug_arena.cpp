@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 namespace graphsafe {
@@ -280,6 +281,44 @@ std::string caller_site() {
   return unnamed.empty() ? std::string("unknown") : "unnamed frames " + unnamed + " (link with -rdynamic to name them)";
 }
 
+// A captured-eager-release finding: eager workspace `name` released while graph `graph` uses it
+// through `how` (during its capture when `during_capture`). `site` is the release site.
+void report_captured_release(const std::string& name, std::uint64_t bytes, std::uintptr_t addr,
+                             const std::string& request_site, const std::string& graph, const std::string& how,
+                             std::string site, bool during_capture) {
+  debug::Finding f;
+  f.kind = std::string(debug::kind::captured_eager_release);
+  f.request = name;
+  f.graph = graph;
+  f.site = std::move(site);
+  f.message = "eager workspace '" + name + "' (" + std::to_string(bytes) + " bytes at " +
+              hex_ptr(reinterpret_cast<const void*>(addr)) + ", requested at " + request_site + ") was released " +
+              (during_capture ? "during the capture of " + graph + ", whose work uses it through "
+                              : "while " + graph + " still uses it through ") +
+              how +
+              ": its bytes go back to the arena and are served again, and every replay of the graph reads and "
+              "writes them under their new owner";
+  f.fix = "request the workspace inside the capture (it then belongs to the graph and lives as long as it), or "
+          "keep the eager workspace alive until the graph is destroyed";
+  std::fprintf(stderr, "graphsafe debug: eager workspace released while a graph uses it\n%s",
+               debug::format_finding(f).c_str());
+  debug::report_finding(std::move(f));
+}
+
+// Eager workspaces released while a capture was under way, per arena (ArenaCore::id): the graph
+// that capture makes is checked against them when it is created (they are no longer live eager
+// blocks by then). Dropped once a graph is created with no capture left under way in its arena.
+struct ReleasedInCapture {
+  std::uintptr_t addr = 0;
+  std::uint64_t bytes = 0;
+  std::string name, request_site, release_site;
+};
+std::mutex released_mutex;
+std::map<std::uint64_t, std::vector<ReleasedInCapture>>& released_in_capture() {
+  static auto* m = new std::map<std::uint64_t, std::vector<ReleasedInCapture>>;  // never destroyed
+  return *m;
+}
+
 std::atomic<std::uint64_t> next_graph_id{1};
 
 }  // namespace
@@ -331,25 +370,17 @@ void ArenaCore::debug_eager_released(std::uintptr_t addr, void* stream) noexcept
     } catch (...) {
     }
   }
-  for (const auto& [label, how] : captured_by_labels) {
+  if (!captured_by_labels.empty() || active_sessions.load(std::memory_order_acquire) > 0) {
     // The bytes go back to the free list now (as without debug mode): the finding says what every
     // later replay of the graph will do with them.
     try {
-      debug::Finding f;
-      f.kind = std::string(debug::kind::captured_eager_release);
-      f.request = eg.name;
-      f.graph = label;
-      f.site = caller_site();
-      f.message = "eager workspace '" + eg.name + "' (" + std::to_string(eg.bytes) + " bytes at " +
-                  hex_ptr(reinterpret_cast<const void*>(addr)) + ", requested at " + eg.site + ") was released while " +
-                  label + " still uses it through " + how +
-                  ": its bytes go back to the arena and are served again, and every replay of the graph reads and "
-                  "writes them under their new owner";
-      f.fix = "request the workspace inside the capture (it then belongs to the graph and lives as long as it), or "
-              "keep the eager workspace alive until the graph is destroyed";
-      std::fprintf(stderr, "graphsafe debug: eager workspace released while a graph uses it\n%s",
-                   debug::format_finding(f).c_str());
-      debug::report_finding(std::move(f));
+      std::string site = caller_site();
+      for (const auto& [label, how] : captured_by_labels)
+        report_captured_release(eg.name, eg.bytes, addr, eg.site, label, how, site, false);
+      if (active_sessions.load(std::memory_order_acquire) > 0) {
+        std::lock_guard lk(released_mutex);
+        released_in_capture()[id].push_back({addr, eg.bytes, eg.name, eg.site, std::move(site)});
+      }
     } catch (...) {
       // noexcept path (a Workspace dying): a finding that cannot be recorded is dropped.
     }
@@ -415,22 +446,23 @@ void link_captured_eager(ArenaCore& core, GraphState& g) {
                    e.what());
     }
   }
-  if (ptrs.empty()) return;
   std::string notes;
-  {
+  std::vector<bool> live(ptrs.size(), false);  // falls in a live eager workspace
+  if (!ptrs.empty()) {
     std::lock_guard lk(core.lock);
-    if (core.eager_guards.empty()) return;
     std::vector<std::pair<std::uintptr_t, ArenaCore::EagerGuard*>> blocks;
     blocks.reserve(core.eager_guards.size());
     for (auto& [addr, eg] : core.eager_guards) blocks.emplace_back(addr, &eg);
     std::sort(blocks.begin(), blocks.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (const CapturedPointer& p : ptrs) {
+    for (std::size_t i = 0; i < ptrs.size(); ++i) {
+      const CapturedPointer& p = ptrs[i];
       auto it = std::upper_bound(blocks.begin(), blocks.end(), p.addr,
                                  [](std::uintptr_t a, const auto& b) { return a < b.first; });
       if (it == blocks.begin()) continue;
       --it;
       ArenaCore::EagerGuard& eg = *it->second;
       if (p.addr >= it->first + std::max<std::uint64_t>(eg.bytes, 1)) continue;
+      live[i] = true;
       const bool known = std::any_of(eg.captured_by.begin(), eg.captured_by.end(),
                                      [&](const auto& c) { return c.first == &g; });
       if (known) continue;
@@ -439,6 +471,22 @@ void link_captured_eager(ArenaCore& core, GraphState& g) {
                eg.site + ") through " + p.how + ": keep it alive until the graph is destroyed\n";
     }
   }
+  std::vector<ReleasedInCapture> released;
+  {
+    std::lock_guard lk(released_mutex);
+    auto it = released_in_capture().find(core.id);
+    if (it != released_in_capture().end()) {
+      released = it->second;
+      if (core.active_sessions.load(std::memory_order_acquire) == 0) released_in_capture().erase(it);
+    }
+  }
+  for (const ReleasedInCapture& r : released)
+    for (std::size_t i = 0; i < ptrs.size(); ++i)
+      if (!live[i] && ptrs[i].addr >= r.addr && ptrs[i].addr < r.addr + std::max<std::uint64_t>(r.bytes, 1)) {
+        report_captured_release(r.name, r.bytes, r.addr, r.request_site, graph_label(g), ptrs[i].how, r.release_site,
+                                true);
+        break;  // one finding per workspace and graph
+      }
   std::fputs(notes.c_str(), stderr);
 }
 

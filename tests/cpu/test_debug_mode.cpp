@@ -432,6 +432,33 @@ TEST_CASE_METHOD(SeedDebugArena,
 }
 
 TEST_CASE_METHOD(SeedDebugArena,
+                 "debug: an eager workspace released inside the capture that uses it is reported when the graph is made",
+                 "[debug][captured-eager]") {
+  auto table = arena.request(s, "block_table", Extent(64), sizeof(int), capacity_bound, Bindings{});
+  auto graph = capture(arena, s, Bindings{}, [&](const Bindings&) {
+    int* p = table.as<int>();
+    debug::captured_pointer(arena, s, p, "block table");
+    s.launch([p] { p[0] = 1; });
+    release_block_table(table);  // "resized" inside the capture: the graph keeps the old address
+  });
+  const auto f = of_kind(debug::findings(), debug::kind::captured_eager_release);
+  REQUIRE(f.size() == 1);
+  INFO(f[0].message << " | site: " << f[0].site);
+  CHECK(f[0].request == "block_table");
+  CHECK_THAT(f[0].message, Catch::Contains("was released during the capture of family 'graph' graph #"));
+  CHECK_THAT(f[0].message, Catch::Contains("pointer 'block table' declared at test_debug_mode.cpp:"));
+  CHECK_THAT(f[0].site, Catch::Contains("release_block_table"));
+  // A later capture with nothing released in it reports nothing more.
+  auto again = arena.request(s, "block_table", Extent(64), sizeof(int), capacity_bound, Bindings{});
+  auto clean = capture(arena, s, Bindings{}, [&](const Bindings&) {
+    int* p = again.as<int>();
+    debug::captured_pointer(arena, s, p, "block table");
+    s.launch([p] { p[0] = 1; });
+  });
+  CHECK(of_kind(debug::findings(), debug::kind::captured_eager_release).size() == 1);
+}
+
+TEST_CASE_METHOD(SeedDebugArena,
                  "debug: no captured-eager finding for a workspace requested inside the capture, a graph destroyed "
                  "first, or an eager workspace the graph does not use",
                  "[debug][captured-eager]") {

@@ -298,6 +298,25 @@ TEST_CASE_METHOD(EagerCaptureFixture,
 }
 
 TEST_CASE_METHOD(EagerCaptureFixture,
+                 "gpu debug: an eager workspace released inside the capture whose kernel uses it is reported",
+                 "[gpu][debug][captured-eager]") {
+  auto meta = arena.request(sh.s, "decode.metadata", Extent(1024), sizeof(std::int64_t), capacity_bound, Bindings{});
+  auto graph = capture(arena, sh.s, Bindings{}, [&](const Bindings&) {
+    fill_kernel<<<4, kThreads, 0, sh.s>>>(meta.as<std::int64_t>(), meta.count(), 7);
+    GRAPHSAFE_CUDA(cudaGetLastError());
+    release_metadata(meta);  // "resized" inside the capture: the kernel node keeps the old address
+  });
+  const auto f = of_kind(debug::findings(), debug::kind::captured_eager_release);
+  REQUIRE(f.size() == 1);
+  INFO(f[0].message << " | site: " << f[0].site);
+  CHECK(f[0].request == "decode.metadata");
+  CHECK_THAT(f[0].message, Catch::Contains("was released during the capture of"));
+  CHECK_THAT(f[0].message, Catch::Contains("argument 0 of node #") && Catch::Contains("fill_kernel"));
+  CHECK_THAT(f[0].site, Catch::Contains("release_metadata"));
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
+}
+
+TEST_CASE_METHOD(EagerCaptureFixture,
                  "gpu debug: no captured-eager finding for a workspace requested inside the capture or a graph "
                  "destroyed first",
                  "[gpu][debug][captured-eager]") {
