@@ -76,6 +76,13 @@ struct DeferredSlot {
 };
 std::mutex& deferred_registry_mutex();
 
+// Debug mode: an address the captured work uses (a kernel argument, a copy's source, a pointer the
+// program declared with debug::captured_pointer), and how the graph holds it.
+struct CapturedPointer {
+  std::uintptr_t addr = 0;
+  std::string how;  // "argument 0 of node #2 (kernel fill)", "pointer 'x' declared at file:line"
+};
+
 struct SessionState {
   std::shared_ptr<ArenaCore> core;
   Stream stream{static_cast<cudaStream_t>(nullptr)};
@@ -93,6 +100,7 @@ struct SessionState {
   Plan plan;
   std::size_t report_mark = 0;  // debug: findings made before this capture began
   std::shared_ptr<VirtualPlan> virt;  // virtual growth: footprints recorded by this capture
+  std::vector<CapturedPointer> dbg_pointers;  // debug: declared with debug::captured_pointer
 };
 
 struct GraphState {
@@ -114,6 +122,7 @@ struct GraphState {
   void* dbg_stream = nullptr;       // stream of the last replay
   std::shared_ptr<VirtualPlan> virt;  // virtual growth: committed before each launch
   std::vector<debug::Finding> last_overwrites;  // found by the last canary check
+  std::vector<CapturedPointer> dbg_pointers;    // declared during its capture (read at creation)
 };
 
 std::string graph_label(const GraphState& g);
@@ -156,6 +165,8 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
     std::uint64_t bytes;  // workspace bytes; the guard follows
     std::string name;
     std::string site;
+    // Live graphs whose captured work uses this eager workspace: releasing it is a finding.
+    std::vector<std::pair<const GraphState*, std::string>> captured_by;  // (graph, how)
   };
   std::unordered_map<std::uintptr_t, EagerGuard> eager_guards;  // under lock
   std::map<std::uintptr_t, std::pair<std::uint64_t, void*>> nvtx_heaps;  // slab -> (size, heap), under lock

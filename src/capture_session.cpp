@@ -99,6 +99,7 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
   g->opts = st.opts;
   g->base = st.base;
   g->virt = std::move(st.virt);  // virtual growth (null otherwise)
+  g->dbg_pointers = std::move(st.dbg_pointers);  // debug mode (empty otherwise)
   {
     std::lock_guard lk(core.lock);
     ++st.family->graphs;

@@ -1,6 +1,8 @@
 // A program that knows nothing of graphsafe: captures a graph in relaxed mode and, unless --safe,
 // cudaMallocs a buffer and copies a device value to the host inside the capture. Run it with
-// CUDA_INJECTION64_PATH=libgraphsafe_cupti.so to see the tool work on an unmodified binary.
+// CUDA_INJECTION64_PATH=libgraphsafe_cupti.so to see the tool work on an unmodified binary. Built
+// twice: exporting its symbols (unmodified_capture) and as nvcc builds it, static runtime and
+// nothing exported (unmodified_capture_plain).
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -8,12 +10,17 @@
 
 __global__ void touch(int* p) { p[threadIdx.x] += 1; }
 
+__attribute__((noinline)) int reads_a_device_value(const int* d) {
+  int h = 0;
+  cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost);  // stale value, frozen into the graph
+  return h;
+}
+
 __attribute__((noinline)) void step_with_unsafe_calls(cudaStream_t s, int* d, bool safe) {
   if (!safe) {
     void* scratch = nullptr;
     cudaMalloc(&scratch, 1 << 20);  // not in the graph
-    int h = 0;
-    cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost);  // stale value, frozen into the graph
+    if (reads_a_device_value(d) < 0) return;
   }
   touch<<<1, 32, 0, s>>>(d);
 }
