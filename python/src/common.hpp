@@ -1,0 +1,52 @@
+// Shared by the translation units of the graphsafe Python extension.
+#pragma once
+
+#include <graphsafe/graphsafe.hpp>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <source_location>
+#include <string>
+
+namespace graphsafe::python {
+
+namespace nb = nanobind;
+
+void bind_errors(nb::module_& m);
+void bind_model(nb::module_& m);
+void bind_arena(nb::module_& m);
+void bind_debug(nb::module_& m);
+
+// The innermost Python frame of the current call (file, line, function), so plans, guard
+// violations and debug findings name the engine's Python line rather than the binding's C++ line.
+// `loc()` is valid while this object lives (the arena copies the site into a string at once).
+class PythonSite {
+ public:
+  PythonSite();
+  std::source_location loc() const;
+
+ private:
+  std::string file_;
+  std::string function_;
+  unsigned line_ = 0;
+  struct Impl {  // the layout __builtin_source_location fills (GCC and Clang)
+    const char* file;
+    const char* function;
+    unsigned line;
+    unsigned column;
+  } impl_{};
+};
+
+// Bindings from a Bindings object, a dict {Symbol: int | sequence | array | tensor} or None.
+Bindings to_bindings(nb::handle h);
+// Stream for a backend from None (torch's current stream on CUDA when torch is imported, else the
+// default stream; the process' default HostStream on the host backend), a HostStream, an int
+// (cudaStream_t), an object with `cuda_stream` (torch.cuda.Stream) or `__cuda_stream__`.
+Stream to_stream(const Backend& backend, nb::handle h);
+HostStream& default_host_stream();
+// The debug report's findings as dicts {kind, request, graph, site, message, fix, count}.
+nb::list finding_list(const std::vector<debug::Finding>& v);
+
+}  // namespace graphsafe::python
