@@ -38,6 +38,7 @@ struct PyWorkspace {
   int device_type = 1;  // kDLCPU; kDLCUDA = 2
   int device_id = 0;
   int exports = 0;
+  void* stream = nullptr;  // the stream it was requested on (its memory is ready there)
 
   void release() {
     if (exports > 0)
@@ -263,6 +264,17 @@ void bind_arena(nb::module_& m) {
              PyWorkspace& w = nb::cast<PyWorkspace&>(self);
              if (!w.ws)
                throw capture_state_error("graphsafe: workspace '" + w.name + "' was released; it has no memory to export");
+             // DLPack's stream protocol: the consumer names the stream it will use the memory on
+             // (1: the legacy default stream, 2: per-thread default, -1: no synchronization); order it
+             // after the workspace's stream, where the memory became this workspace's.
+             if (w.device_type == 2 && kw.contains("stream") && !kw["stream"].is_none()) {
+               const std::intptr_t consumer = nb::cast<std::intptr_t>(kw["stream"]);
+               cudaStream_t c = consumer == 1   ? cudaStreamLegacy
+                                : consumer == 2 ? cudaStreamPerThread
+                                                : reinterpret_cast<cudaStream_t>(consumer);
+               if (consumer != -1 && c != static_cast<cudaStream_t>(w.stream))
+                 nb::cast<Arena&>(w.arena).backend().order_after(Stream(c), Stream(static_cast<cudaStream_t>(w.stream)));
+             }
              // The view owns a reference to the workspace and counts itself in `exports`.
              self.inc_ref();
              ++w.exports;
@@ -381,6 +393,7 @@ void bind_arena(nb::module_& m) {
              w.ws = a.request(s, name, need, element_bytes, policy, b, site.loc());
              w.name = name;
              w.element_bytes = element_bytes;
+             w.stream = s.handle();
              const int dev = device_of(a.backend());
              w.device_type = dev < 0 ? 1 : 2;
              w.device_id = dev < 0 ? 0 : dev;
