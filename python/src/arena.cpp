@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 
@@ -92,6 +93,17 @@ nb::dict entry_dict(const PlanEntry& e) {
   d["note"] = e.note;
   d["site"] = e.site;
   return d;
+}
+
+// Mean nanoseconds of `fn` over `iterations` calls (GIL released: nothing here touches Python).
+template <class Fn>
+double loop_ns(int iterations, Fn&& fn) {
+  if (iterations <= 0) throw invalid_argument_error("graphsafe: iterations must be > 0, got " + std::to_string(iterations));
+  nb::gil_scoped_release nogil;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) fn();
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / iterations;
 }
 
 CaptureMode mode_of(const std::string& m) {
@@ -343,7 +355,15 @@ void bind_arena(nb::module_& m) {
       .def_prop_ro("plan", [](const PyGraph& g) -> const Plan& { return g.graph.plan(); }, nb::rv_policy::reference_internal)
       .def_prop_ro("reserved_bytes", [](const PyGraph& g) { return g.graph.reserved_bytes(); })
       .def_prop_ro("recaptures", [](const PyGraph& g) { return g.graph.recaptures(); })
-      .def_prop_ro("family", [](const PyGraph& g) { return g.graph.family(); });
+      .def_prop_ro("family", [](const PyGraph& g) { return g.graph.family(); })
+      .def("_replay_loop_ns",
+           [](PyGraph& g, nb::handle b, nb::handle s, int iterations) {
+             Bindings bb = to_bindings(b);
+             Stream st = to_stream(nb::cast<Arena&>(g.arena).backend(), s);
+             return loop_ns(iterations, [&] { g.graph.replay(bb, st); });
+           },
+           "bindings"_a, nb::arg("stream").none(), "iterations"_a,
+           "Benchmark baseline: mean ns of `iterations` guarded replays looped in C++");
 
   nb::class_<PyCapture>(m, "Capture", "Context manager from Arena.capture(); `graph` is set when the block ends")
       .def("__enter__",
@@ -422,6 +442,15 @@ void bind_arena(nb::module_& m) {
            },
            "ptr"_a, "bytes"_a, nb::arg("stream").none() = nb::none())
       .def("family", &Arena::family, "name"_a)
+      .def("_request_release_loop_ns",
+           [](Arena& a, const Extent& need, const SizingPolicy& policy, nb::handle bindings, std::uint64_t element_bytes,
+              nb::handle stream, int iterations) {
+             Stream s = to_stream(a.backend(), stream);
+             Bindings b = to_bindings(bindings);
+             return loop_ns(iterations, [&] { a.request(s, "bench", need, element_bytes, policy, b).reset(); });
+           },
+           "need"_a, "policy"_a, nb::arg("bindings").none(), "element_bytes"_a, nb::arg("stream").none(), "iterations"_a,
+           "Benchmark baseline: mean ns of a request + release looped in C++")
       .def("trim", [](Arena& a, nb::handle s) { a.trim(to_stream(a.backend(), s)); }, nb::arg("stream").none() = nb::none())
       .def("stats", [](const Arena& a) { return stats_dict(a.stats()); })
       .def_prop_ro("backend", &Arena::backend, nb::rv_policy::reference_internal)
