@@ -144,4 +144,14 @@ def _as_array(self, dtype="uint8", shape=None):
 Workspace.as_tensor = _as_tensor
 Workspace.as_array = _as_array
 
+
+
+def capture_checks(always=False):
+    """A context manager that flags, with the Python file and line, raw CUDA allocations, host
+    syncs and device-to-host copies made while the current stream is capturing (PyTorch code; see
+    graphsafe._capture_checks). Imports torch when called, never at `import graphsafe`."""
+    from ._capture_checks import CaptureChecks
+
+    return CaptureChecks(always)
+
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("max", "min")]
