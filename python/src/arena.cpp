@@ -50,10 +50,6 @@ struct PyWorkspace {
   }
 };
 
-int device_of(const Backend& b) {
-  return b.name() == "host" ? -1 : static_cast<const CudaBackend&>(b).device();
-}
-
 nb::dict stats_dict(const ArenaStats& s) {
   nb::dict d;
   d["slab_bytes"] = s.slab_bytes;
@@ -414,7 +410,7 @@ void bind_arena(nb::module_& m) {
              w.name = name;
              w.element_bytes = element_bytes;
              w.stream = s.handle();
-             const int dev = device_of(a.backend());
+             const int dev = cuda_device_of(a.backend());
              w.device_type = dev < 0 ? 1 : 2;
              w.device_id = dev < 0 ? 0 : dev;
              return w;

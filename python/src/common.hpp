@@ -18,6 +18,7 @@ void bind_errors(nb::module_& m);
 void bind_model(nb::module_& m);
 void bind_arena(nb::module_& m);
 void bind_debug(nb::module_& m);
+void bind_torch_backend(nb::module_& m);
 
 // The innermost Python frame of the current call (file, line, function), so plans, guard
 // violations and debug findings name the engine's Python line rather than the binding's C++ line.
@@ -46,6 +47,8 @@ Bindings to_bindings(nb::handle h);
 // (cudaStream_t), an object with `cuda_stream` (torch.cuda.Stream) or `__cuda_stream__`.
 Stream to_stream(const Backend& backend, nb::handle h);
 HostStream& default_host_stream();
+// The CUDA device of a CUDA or torch-cuda backend; -1 for the host backend.
+int cuda_device_of(const Backend& backend);
 // The debug report's findings as dicts {kind, request, graph, site, message, fix, count}.
 nb::list finding_list(const std::vector<debug::Finding>& v);
 

@@ -66,7 +66,7 @@ Stream to_stream(const Backend& backend, nb::handle h) {
   const bool host = backend.name() == "host";
   if (h.is_none()) {
     if (host) return Stream(default_host_stream());
-    int device = static_cast<const CudaBackend*>(&backend)->device();
+    int device = cuda_device_of(backend);
     if (auto s = torch_current_stream(device)) return Stream(reinterpret_cast<cudaStream_t>(*s));
     return Stream(cudaStream_t{nullptr});
   }
@@ -104,6 +104,7 @@ NB_MODULE(_graphsafe, m) {
   nb::module_ d = m.def_submodule("debug", "The debug report (findings) and its tools");
   bind_debug(d);
   bind_arena(m);
+  bind_torch_backend(m);
 }
 
 namespace graphsafe::python {

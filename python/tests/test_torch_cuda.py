@@ -126,3 +126,40 @@ def test_a_bad_device_is_a_cuda_error_with_its_code():
     with pytest.raises(gs.CudaError) as e:
         gs.CudaBackend(device=gs.cuda_device_count() + 7)
     assert e.value.code != 0
+
+
+def test_torch_backend_captures_through_torch_so_torch_may_allocate_inside(sym):
+    B, L = sym
+    arena = gs.Arena(gs.TorchCudaBackend(), gs.ArenaOptions(report_findings=False))
+    assert arena.backend.name == "torch-cuda"
+    b = gs.Bindings({B: 4, L: [100, 7, 300, 9]})
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        arena.reserve(16 << 20)
+        x = torch.randn(4, 64, device="cuda")
+        w = torch.randn(64, 64, device="cuda")
+        lens_dev = torch.tensor(b[L], dtype=torch.float32, device="cuda")
+        with arena.capture(b) as cap:
+            assert torch.cuda.is_current_stream_capturing()
+            rows = gs.sum_over(L, lambda l: gs.ceil_div(l, 4))
+            ws = arena.request("scratch", rows * 64, gs.exact_at_capture, b, element_bytes=4)
+            scale = ws.as_tensor(torch.float32)[:4]
+            scale.copy_(lens_dev).add_(3).div_(4, rounding_mode="floor")
+            y = torch.relu(x @ w) * scale.view(4, 1)   # temporaries from the torch graph's pool
+        g = cap.graph
+        for lens in ([100, 7, 300, 9], [90, 5, 250, 1]):  # needs no more than captured: replays
+            b[L] = lens
+            lens_dev.copy_(torch.tensor(lens, dtype=torch.float32))
+            x.copy_(torch.randn(4, 64))
+            g.replay(b)
+            torch.testing.assert_close(y, torch.relu(x @ w) * eager(torch.ones(4, 1, device="cuda"), lens))
+        before = y.clone()
+        x.copy_(torch.randn(4, 64))
+        b[L] = [101, 8, 301, 10]
+        with pytest.raises(gs.GuardFailure) as e:
+            g.replay(b)
+        assert torch.equal(y, before)  # refused before launch: y still holds the last replay's result
+    side.synchronize()
+    assert e.value.violations[0].request == "scratch"
+    del g, cap
+    assert arena.stats()["live_graphs"] == 0
