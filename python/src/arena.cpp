@@ -333,7 +333,8 @@ void bind_arena(nb::module_& m) {
                       "cannot serve raises GuardFailure before launch (or re-captures, when asked to).")
       .def("replay",
            [](PyGraph& g, nb::handle b, nb::handle s) {
-             Bindings bb = to_bindings(b);
+             Bindings storage;
+             const Bindings& bb = bindings_arg(b, storage);
              Stream st = to_stream(nb::cast<Arena&>(g.arena).backend(), s);
              PythonSite site;
              nb::gil_scoped_release nogil;
@@ -354,7 +355,8 @@ void bind_arena(nb::module_& m) {
       .def_prop_ro("family", [](const PyGraph& g) { return g.graph.family(); })
       .def("_replay_loop_ns",
            [](PyGraph& g, nb::handle b, nb::handle s, int iterations) {
-             Bindings bb = to_bindings(b);
+             Bindings storage;
+             const Bindings& bb = bindings_arg(b, storage);
              Stream st = to_stream(nb::cast<Arena&>(g.arena).backend(), s);
              return loop_ns(iterations, [&] { g.graph.replay(bb, st); });
            },
@@ -402,7 +404,8 @@ void bind_arena(nb::module_& m) {
               nb::handle bindings, std::uint64_t element_bytes, nb::handle stream) {
              Arena& a = nb::cast<Arena&>(self);
              Stream s = to_stream(a.backend(), stream);
-             Bindings b = to_bindings(bindings);
+             Bindings storage;
+             const Bindings& b = bindings_arg(bindings, storage);
              PythonSite site;
              PyWorkspace w;
              w.arena = nb::borrow(self);
@@ -422,7 +425,9 @@ void bind_arena(nb::module_& m) {
            [](Arena& a, const std::string& name, const Extent& need, const SizingPolicy& policy, nb::handle bindings,
               nb::handle stream) {
              PythonSite site;
-             return a.dimension(to_stream(a.backend(), stream), name, need, policy, to_bindings(bindings), site.loc());
+             Bindings storage;
+             return a.dimension(to_stream(a.backend(), stream), name, need, policy, bindings_arg(bindings, storage),
+                                site.loc());
            },
            "name"_a, "need"_a, "policy"_a = m.attr("capacity_bound"), nb::arg("bindings").none() = nb::none(), nb::arg("stream").none() = nb::none(),
            "A sized element count a graph freezes without allocating (a stride, an offset), guarded like a request")

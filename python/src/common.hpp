@@ -29,19 +29,20 @@ class PythonSite {
   std::source_location loc() const;
 
  private:
-  std::string file_;
-  std::string function_;
-  unsigned line_ = 0;
-  struct Impl {  // the layout __builtin_source_location fills (GCC and Clang)
+  nb::object code_;  // keeps the file and function names (UTF-8, cached by the strings) alive
+  struct Impl {      // the layout __builtin_source_location fills (GCC and Clang)
     const char* file;
     const char* function;
     unsigned line;
     unsigned column;
-  } impl_{};
+  } impl_{"<python>", "<unknown>", 0, 0};
 };
 
 // Bindings from a Bindings object, a dict {Symbol: int | sequence | array | tensor} or None.
 Bindings to_bindings(nb::handle h);
+// The same without a copy when `h` is a Bindings object (hot paths: request, replay); other inputs
+// are converted into `storage`.
+const Bindings& bindings_arg(nb::handle h, Bindings& storage);
 // Stream for a backend from None (torch's current stream on CUDA when torch is imported, else the
 // default stream; the process' default HostStream on the host backend), a HostStream, an int
 // (cudaStream_t), an object with `cuda_stream` (torch.cuda.Stream) or `__cuda_stream__`.

@@ -131,6 +131,13 @@ Bindings to_bindings(nb::handle h) {
                            .c_str());
 }
 
+const Bindings& bindings_arg(nb::handle h, Bindings& storage) {
+  Bindings* b = nullptr;
+  if (nb::try_cast<Bindings*>(h, b) && b) return *b;
+  storage = to_bindings(h);
+  return storage;
+}
+
 nb::object binding_value(const Bindings& b, Symbol s) {
   if (s.kind() == SymbolKind::batch) {
     nb::list l;

@@ -12,17 +12,18 @@ namespace graphsafe::python {
 
 PythonSite::PythonSite() {
   // Borrowed frame; no frame means a call from C (a callback run by a C++ thread).
-  if (PyFrameObject* f = PyEval_GetFrame()) {
-    line_ = static_cast<unsigned>(PyFrame_GetLineNumber(f));
-    PyCodeObject* code = PyFrame_GetCode(f);
-    nb::object c = nb::steal(reinterpret_cast<PyObject*>(code));
-    file_ = nb::cast<std::string>(c.attr("co_filename"));
-    function_ = nb::cast<std::string>(c.attr("co_name"));
-  } else {
-    file_ = "<python>";
-    function_ = "<unknown>";
+  PyFrameObject* f = PyEval_GetFrame();
+  if (!f) return;
+  code_ = nb::steal(reinterpret_cast<PyObject*>(PyFrame_GetCode(f)));
+  auto* code = reinterpret_cast<PyCodeObject*>(code_.ptr());
+  // UTF-8 forms are cached inside the str objects, which the code object keeps alive.
+  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  const char* function = PyUnicode_AsUTF8(code->co_name);
+  if (!file || !function) {
+    PyErr_Clear();
+    return;
   }
-  impl_ = Impl{file_.c_str(), function_.c_str(), line_, 0};
+  impl_ = Impl{file, function, static_cast<unsigned>(PyFrame_GetLineNumber(f)), 0};
 }
 
 std::source_location PythonSite::loc() const {
