@@ -126,9 +126,11 @@ CaptureOptions capture_options(std::optional<CaptureFamily> family, const std::s
 }
 
 // A captured graph and the arena it came from (kept alive: the graph's region lives in it).
+// `arena` comes first so it is released last: the graph's destructor returns its region to the
+// arena and destroys its executable graph through the arena's backend.
 struct PyGraph {
-  CapturedGraph graph;
   nb::object arena;
+  CapturedGraph graph;
 };
 
 // `with arena.capture(bindings) as cap:` ... `cap.graph`. The session starts at __enter__ and
@@ -379,7 +381,7 @@ void bind_arena(nb::module_& m) {
              if (!s) return false;
              if (!type.is_none()) return false;  // the session's destructor abandons the capture
              CapturedGraph g = s->finish();
-             c.graph = nb::cast(PyGraph{std::move(g), c.arena_obj});
+             c.graph = nb::cast(PyGraph{c.arena_obj, std::move(g)});
              return false;
            })
       .def_prop_ro("graph", [](const PyCapture& c) -> nb::object {
@@ -483,7 +485,7 @@ void bind_arena(nb::module_& m) {
                 (*f)(nb::cast(b, nb::rv_policy::copy));
               },
               capture_options(std::move(family), mode, recapture));
-          return PyGraph{std::move(g), nb::borrow(arena)};
+          return PyGraph{nb::borrow(arena), std::move(g)};
         },
         "arena"_a, "fn"_a, "bindings"_a, nb::arg("stream").none() = nb::none(), nb::arg("family").none() = nb::none(), "mode"_a = "global",
         nb::arg("recapture").none() = nb::none(),

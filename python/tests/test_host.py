@@ -247,3 +247,25 @@ def test_default_stream_is_the_process_host_stream(host):
     cap.graph.replay({})
     cap.graph.replay({})
     assert seen == [1, 1]
+
+
+def test_a_graph_keeps_its_arena_and_backend_alive():
+    ran = []
+
+    def make():  # the arena, its backend and the capture stream go out of scope here
+        arena = gs.Arena(gs.HostBackend(), gs.ArenaOptions(report_findings=False))
+        s = gs.HostStream()
+        with arena.capture({}, stream=s) as cap:
+            ws = arena.request("x", 1024, stream=s)
+            view = ws.as_array("uint8")
+            view[:] = 1
+            s.launch(lambda: ran.append(int(view.sum())))
+        return cap.graph
+
+    g = make()
+    gc.collect()
+    g.replay({}, gs.HostStream())
+    assert ran == [1024]
+    assert g.family.graphs == 1
+    del g
+    gc.collect()
