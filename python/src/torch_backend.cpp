@@ -10,6 +10,8 @@
 
 #include <nanobind/stl/optional.h>
 
+#include <cuda_runtime_api.h>
+
 #include <mutex>
 #include <unordered_map>
 
@@ -24,6 +26,7 @@ class TorchCudaBackend final : public Backend {
     torch_ = nb::module_::import_("torch");
   }
   ~TorchCudaBackend() override {
+    for (auto& [stream, ev] : pre_capture_) cudaEventDestroy(ev);
     nb::gil_scoped_acquire gil;
     pending_.clear();
     pool_ = nb::object();
@@ -35,7 +38,18 @@ class TorchCudaBackend final : public Backend {
   void* allocate_slab(std::uint64_t bytes, Stream s) override { return inner_.allocate_slab(bytes, s); }
   void free_slab(void* p, std::uint64_t bytes, Stream s) override { inner_.free_slab(p, bytes, s); }
   CaptureInfo capture_info(Stream s) const override { return inner_.capture_info(s); }
-  void order_after(Stream waiter, Stream producer) override { inner_.order_after(waiter, producer); }
+  // As CudaBackend: work released on a stream before its capture began is ordered through the event
+  // recorded then (recording on the capturing stream would fork `waiter` into the capture).
+  void order_after(Stream waiter, Stream producer) override {
+    {
+      std::lock_guard lock(events_mutex_);
+      if (auto it = pre_capture_.find(producer.handle()); it != pre_capture_.end()) {
+        GRAPHSAFE_CUDA(cudaStreamWaitEvent(waiter.cuda(), it->second, 0));
+        return;
+      }
+    }
+    inner_.order_after(waiter, producer);
+  }
   void synchronize(Stream s) override { inner_.synchronize(s); }
   void fill_bytes(void* p, std::uint64_t bytes, std::uint8_t value, Stream s) override {
     inner_.fill_bytes(p, bytes, value, s);
@@ -45,17 +59,45 @@ class TorchCudaBackend final : public Backend {
   }
 
   void begin_capture(Stream s, CaptureMode mode) override {
+    if (!s.cuda())
+      throw invalid_argument_error("graphsafe: cannot capture the legacy default stream (stream 0); use a "
+                                   "torch.cuda.Stream (with torch.cuda.stream(s): ...)");
     nb::gil_scoped_acquire gil;
     nb::object g = torch_.attr("cuda").attr("CUDAGraph")();
-    on_stream(s, [&] { g.attr("capture_begin")("pool"_a = pool_, "capture_error_mode"_a = mode_name(mode)); });
-    std::lock_guard lock(mutex_);
+    cudaEvent_t ev = nullptr;
+    GRAPHSAFE_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    // The event is published before the capture begins (and outside the lock: torch runs Python
+    // there), so order_after never records on a stream that began capturing after its check.
+    {
+      std::lock_guard lock(events_mutex_);
+      if (const cudaError_t e = cudaEventRecord(ev, s.cuda()); e != cudaSuccess) {
+        cudaEventDestroy(ev);
+        GRAPHSAFE_CUDA(e);
+      }
+      if (auto it = pre_capture_.find(s.handle()); it != pre_capture_.end()) cudaEventDestroy(it->second);
+      pre_capture_[s.handle()] = ev;
+    }
+    try {
+      on_stream(s, [&] { g.attr("capture_begin")("pool"_a = pool_, "capture_error_mode"_a = mode_name(mode)); });
+    } catch (...) {
+      drop_event(s);
+      throw;
+    }
+    std::lock_guard lock(events_mutex_);
     pending_[s.handle()] = std::move(g);
   }
 
   GraphHandle end_capture(Stream s) override {
     nb::gil_scoped_acquire gil;
     nb::object g = take(s);
-    on_stream(s, [&] { g.attr("capture_end")(); });
+    if (!g.is_valid()) throw capture_state_error("graphsafe: no torch capture under way on this stream");
+    try {
+      on_stream(s, [&] { g.attr("capture_end")(); });
+    } catch (...) {
+      drop_event(s);
+      throw;
+    }
+    drop_event(s);
     return GraphHandle{g.release().ptr(), nullptr};
   }
 
@@ -65,9 +107,13 @@ class TorchCudaBackend final : public Backend {
       nb::object g = take(s);
       if (g.is_valid()) on_stream(s, [&] { g.attr("capture_end")(); });
     } catch (nb::python_error& e) {
-      e.discard_as_unraisable("graphsafe: ending an abandoned torch capture");
+      // An invalidated capture cannot end cleanly; the error that invalidated it is the caller's.
+      e.restore();
+      PyErr_Clear();
     } catch (...) {
     }
+    drop_event(s);
+    cudaGetLastError();
   }
 
   void launch(const GraphHandle& h, Stream s) override {
@@ -95,8 +141,16 @@ class TorchCudaBackend final : public Backend {
     return "global";
   }
 
+  void drop_event(Stream s) noexcept {
+    std::lock_guard lock(events_mutex_);
+    if (auto it = pre_capture_.find(s.handle()); it != pre_capture_.end()) {
+      cudaEventDestroy(it->second);
+      pre_capture_.erase(it);
+    }
+  }
+
   nb::object take(Stream s) {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(events_mutex_);
     auto it = pending_.find(s.handle());
     if (it == pending_.end()) return nb::object();
     nb::object g = std::move(it->second);
@@ -123,8 +177,9 @@ class TorchCudaBackend final : public Backend {
   CudaBackend inner_;
   nb::object pool_;
   nb::object torch_;
-  std::mutex mutex_;
-  std::unordered_map<void*, nb::object> pending_;  // stream -> CUDAGraph being captured
+  std::mutex events_mutex_;
+  std::unordered_map<void*, nb::object> pending_;      // stream -> CUDAGraph being captured
+  std::unordered_map<void*, cudaEvent_t> pre_capture_;  // stream -> event recorded before its capture
 };
 
 }  // namespace
