@@ -269,3 +269,11 @@ def test_a_graph_keeps_its_arena_and_backend_alive():
     assert g.family.graphs == 1
     del g
     gc.collect()
+
+
+@pytest.mark.skipif(gs.cuda_device_count() > 0, reason="a CUDA device is visible (test_torch_cuda covers CudaError)")
+def test_without_a_device_the_cuda_backend_raises_cuda_error_with_its_code():
+    with pytest.raises(gs.CudaError) as e:
+        gs.CudaBackend()
+    assert e.value.code != 0 and "cuda" in str(e.value).lower()
+    assert isinstance(e.value, gs.Error) and isinstance(e.value, RuntimeError)
