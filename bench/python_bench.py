@@ -9,7 +9,8 @@ python.request_release_default_stream_us
                               the same with stream=None (torch's current stream when torch is imported).
 python.replay_overhead_ratio  a guarded replay from Python over the same replay looped in C++ (host
                               time; the graph has live exact-at-capture guards, so every replay checks).
-On the CUDA backend when a device is visible, else on the host backend (the records say which).
+On the CUDA backend (on a torch stream) when a device and torch are there, else on the host backend
+(the records' machine says which).
 """
 import argparse
 import json
@@ -40,15 +41,18 @@ def main():
     args = ap.parse_args()
 
     torch = None
-    cuda = not args.host and gs.cuda_device_count() > 0
-    if cuda:
+    if not args.host and gs.cuda_device_count() > 0:
         try:
             import torch  # noqa: F811  (the default stream is then torch's current stream)
         except ImportError:
-            torch = None
+            print("torch is not installed: measuring the host backend", file=sys.stderr)
+    cuda = torch is not None
+    if cuda:
         backend = gs.CudaBackend()
-        stream = torch.cuda.current_stream().cuda_stream if torch else 0
-        machine = torch.cuda.get_device_name() if torch else f"CUDA device {backend.device}"
+        side = torch.cuda.Stream()  # captures need a stream other than the legacy default one
+        torch.cuda.set_stream(side)
+        stream = side.cuda_stream
+        machine = torch.cuda.get_device_name()
     else:
         backend = gs.HostBackend()
         stream = gs.default_host_stream()
