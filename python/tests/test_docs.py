@@ -18,7 +18,7 @@ def test_the_quickstart_runs():
     ns = {}
     for i, block in enumerate(code):
         exec(compile(block, f"{DOC.name}[python block {i}]", "exec"), ns)
-    assert ns["out"].tolist() == [32, 40]  # the last replay ran with [15, 17]... the refused one did not
+    assert ns["out"].tolist() == [32, 40]  # the safe replay's result: the refused replay never ran
 
 
 def test_the_torch_section_runs_on_a_gpu():
