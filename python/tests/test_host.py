@@ -277,3 +277,22 @@ def test_without_a_device_the_cuda_backend_raises_cuda_error_with_its_code():
         gs.CudaBackend()
     assert e.value.code != 0 and "cuda" in str(e.value).lower()
     assert isinstance(e.value, gs.Error) and isinstance(e.value, RuntimeError)
+
+
+def test_probe_reports_what_two_captures_froze_differently(decode_symbols):
+    B, L = decode_symbols
+    arena = gs.Arena(gs.HostBackend(), gs.ArenaOptions(report_findings=False))
+    s = gs.HostStream()
+    rows = gs.sum_over(L, lambda l: gs.ceil_div(l, 4))
+
+    def step(b):
+        arena.request("exact_rows", rows, gs.exact_at_capture, b, element_bytes=8, stream=s)
+        arena.request("bounded_rows", rows, gs.capacity_bound, b, element_bytes=8, stream=s)
+
+    found = gs.debug.probe(arena, step, {B: 2, L: [3, 5]}, {B: 2, L: [30, 50]}, s)
+    about = {f["request"] for f in found if f["kind"] == "probe-difference"}
+    assert "exact_rows" in about and "bounded_rows" not in about
+    with pytest.raises(gs.CaptureStateError):
+        with arena.capture({B: 2}, stream=s):
+            with arena.capture({B: 2}, stream=s):  # a capture inside a capture of the same stream
+                pass
