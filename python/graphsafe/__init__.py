@@ -48,6 +48,7 @@ from ._graphsafe import (  # noqa: F401
     Plan,
     PolicyRefusal,
     SizeOverflowError,
+    SizingDecision,
     SizingPolicy,
     StaticQueryBound,
     Symbol,

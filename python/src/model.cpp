@@ -2,6 +2,7 @@
 #include "common.hpp"
 
 #include <nanobind/ndarray.h>
+#include <nanobind/trampoline.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
@@ -27,6 +28,22 @@ std::string symbol_repr(Symbol s) {
   if (auto c = s.capacity()) r += ", capacity=" + std::to_string(*c);
   return r + ")";
 }
+
+// A sizing policy written in Python (a subclass of graphsafe.SizingPolicy). size() may run where
+// the GIL is released (a re-capture inside a replay): it takes the GIL.
+class PySizingPolicy final : public SizingPolicy {
+ public:
+  NB_TRAMPOLINE(SizingPolicy);
+  explicit PySizingPolicy(std::string name) : name_(std::move(name)) {}
+  std::string_view name() const override { return name_; }
+  SizingDecision size(std::string_view request, const Extent& need, const Bindings& b, bool capturing) const override {
+    nb::gil_scoped_acquire gil;
+    NB_OVERRIDE_PURE(size, request, need, b, capturing);
+  }
+
+ private:
+  std::string name_;
+};
 
 Extent extent_of(nb::handle h, const char* what) {
   Extent e(std::int64_t{0});
@@ -253,19 +270,36 @@ void bind_model(nb::module_& m) {
       .def("copy", [](const Bindings& b) { return Bindings(b); })
       .def("__copy__", [](const Bindings& b) { return Bindings(b); });
 
-  nb::class_<SizingPolicy>(m, "SizingPolicy", "How many elements to reserve for a request whose need is an Extent.")
+  nb::class_<SizingDecision>(m, "SizingDecision", "A policy's answer: elements to reserve, whether no replay within "
+                                                   "capacities can need more, and why")
+      .def(nb::init<>())
+      .def("__init__",
+           [](SizingDecision* self, std::int64_t count, bool replay_safe, std::string note) {
+             new (self) SizingDecision{count, replay_safe, std::move(note)};
+           },
+           "count"_a, "replay_safe"_a = false, "note"_a = "")
+      .def_rw("count", &SizingDecision::count)
+      .def_rw("replay_safe", &SizingDecision::replay_safe)
+      .def_rw("note", &SizingDecision::note)
+      .def("__repr__", [](const SizingDecision& d) {
+        return "SizingDecision(count=" + std::to_string(d.count) + ", replay_safe=" + (d.replay_safe ? "True" : "False") +
+               ", note='" + d.note + "')";
+      });
+
+  nb::class_<SizingPolicy, PySizingPolicy>(
+      m, "SizingPolicy",
+      "How many elements to reserve for a request whose need is an Extent. Subclass it to write one in Python: "
+      "pass its name to __init__ and override size(request, need, bindings, capturing) -> SizingDecision. A "
+      "decision that is not replay_safe is guarded before every replay.")
+      .def("__init__", [](SizingPolicy* self, std::string name) { new (self) PySizingPolicy(std::move(name)); },
+           "name"_a)
       .def_prop_ro("name", [](const SizingPolicy& p) { return std::string(p.name()); })
       .def("size",
            [](const SizingPolicy& p, const std::string& request, const Extent& need, nb::handle b, bool capturing) {
-             SizingDecision d = p.size(request, need, to_bindings(b), capturing);
-             nb::dict r;
-             r["count"] = d.count;
-             r["replay_safe"] = d.replay_safe;
-             r["note"] = d.note;
-             return r;
+             Bindings storage;
+             return p.size(request, need, bindings_arg(b, storage), capturing);
            },
-           "request"_a, "need"_a, "bindings"_a, "capturing"_a = true,
-           "The policy's decision as a dict {count, replay_safe, note}")
+           "request"_a, "need"_a, "bindings"_a, "capturing"_a = true)
       .def("__repr__", [](const SizingPolicy& p) { return "<graphsafe policy " + std::string(p.name()) + ">"; });
   nb::class_<CapacityBound, SizingPolicy>(m, "CapacityBound");
   nb::class_<ExactAtCapture, SizingPolicy>(m, "ExactAtCapture");

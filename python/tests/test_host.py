@@ -296,3 +296,53 @@ def test_probe_reports_what_two_captures_froze_differently(decode_symbols):
         with arena.capture({B: 2}, stream=s):
             with arena.capture({B: 2}, stream=s):  # a capture inside a capture of the same stream
                 pass
+
+
+class Bucket(gs.SizingPolicy):
+    """A policy written in Python: the need rounded up to a multiple of `step` (not replay-safe: the
+    graph's guard refuses a replay past the bucket)."""
+
+    def __init__(self, step):
+        super().__init__(f"bucket-{step}")
+        self.step, self.calls = step, []
+
+    def size(self, request, need, bindings, capturing):
+        self.calls.append((request, capturing))
+        n = need.evaluate(bindings)
+        return gs.SizingDecision(-(-n // self.step) * self.step, False, f"{n} rounded up to {self.step}")
+
+
+def test_a_python_policy_sizes_requests_and_its_guard_refuses_past_the_bucket(host, decode_symbols):
+    arena, s = host
+    B, L = decode_symbols
+    policy = Bucket(8)
+    rows = gs.sum_over(L, lambda l: gs.ceil_div(l, 4))
+    b = gs.Bindings({B: 2, L: [3, 5]})  # 3 rows -> 8
+    with arena.capture(b, stream=s) as cap:
+        arena.request("rows", rows, policy, b, element_bytes=8, stream=s)
+    (entry,) = cap.graph.plan.entries
+    assert (entry["policy"], entry["reserved"], entry["note"]) == ("bucket-8", 8, "3 rounded up to 8")
+    assert policy.calls == [("rows", True)] and policy.name == "bucket-8"
+    b[L] = [15, 16]  # 8 rows: inside the bucket
+    cap.graph.replay(b, s)
+    b[L] = [15, 17]  # 9 rows
+    with pytest.raises(gs.GuardFailure) as e:
+        cap.graph.replay(b, s)
+    assert e.value.violations[0].policy == "bucket-8" and e.value.violations[0].required == 9
+
+
+def test_an_error_raised_by_a_python_policy_reaches_the_caller_and_abandons_the_capture(host, decode_symbols):
+    arena, s = host
+    B, _ = decode_symbols
+
+    class Broken(gs.SizingPolicy):
+        def __init__(self):
+            super().__init__("broken")
+
+        def size(self, request, need, bindings, capturing):
+            raise ZeroDivisionError("policy bug")
+
+    with pytest.raises(ZeroDivisionError, match="policy bug"):
+        with arena.capture({B: 2}, stream=s):
+            arena.request("x", B * 8, Broken(), {B: 2}, stream=s)
+    assert arena.stats()["active_captures"] == 0 and not s.capturing

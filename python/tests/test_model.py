@@ -117,11 +117,11 @@ def test_policies_size_as_documented(decode_symbols):
     rows = gs.sum_over(L, lambda l: gs.ceil_div(l, 4))
     b = {B: 2, L: [3, 5]}
     exact = gs.exact_at_capture.size("kv", rows, b)
-    assert exact["count"] == ref_rows([3, 5]) and not exact["replay_safe"]
+    assert exact.count == ref_rows([3, 5]) and not exact.replay_safe
     cap = gs.capacity_bound.size("kv", rows, b)
-    assert cap["count"] == 2 * 16 and cap["replay_safe"]
+    assert cap.count == 2 * 16 and cap.replay_safe
     sq = gs.static_query_bound(B * 16).size("kv", rows, b)
-    assert sq["count"] == 32 and sq["replay_safe"]
+    assert sq.count == 32 and sq.replay_safe
     assert [p.name for p in (gs.capacity_bound, gs.exact_at_capture)] == ["capacity-bound", "exact-at-capture"]
 
 
