@@ -7,6 +7,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../support/stream_work.hpp"
+
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -28,11 +30,7 @@ HostBackendOptions checked(bool default_stream = false) {
                             .default_stream = default_stream};
 }
 
-// Write `tag` over [p, p + bytes) on `s`, declaring the write.
-void write(HostStream& s, void* p, std::uint64_t bytes, unsigned char tag,
-           std::source_location loc = std::source_location::current()) {
-  s.launch([p, bytes, tag] { std::memset(p, tag, bytes); }, {HostAccess::writes(p, bytes)}, loc);
-}
+using test::write;
 
 std::string all(const std::vector<HostRace>& races) {
   std::string s;
