@@ -168,15 +168,19 @@ struct HostScheduler {
     for (const StreamState& st : streams) runnable += head_ready(st);
     if (runnable == 0) return;  // cannot happen: waits name work queued before them
     std::size_t pick = next() % runnable;
-    for (StreamState& st : streams) {
-      if (!head_ready(st) || pick-- != 0) continue;
-      Op op = std::move(st.queue.front());
-      st.queue.pop_front();
-      if (!op.wait) {
-        --queued;
-        if (op.work.run) op.work.run();
-        ++st.done;
-      }
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      if (!head_ready(streams[i]) || pick-- != 0) continue;
+      Op op = std::move(streams[i].queue.front());
+      streams[i].queue.pop_front();
+      if (op.wait) return;
+      --queued;
+      // By index: work may bind a new stream (the vector grows). A throw still completes the operation.
+      struct Done {
+        HostScheduler& sc;
+        std::size_t i;
+        ~Done() { ++sc.streams[i].done; }
+      } done{*this, i};
+      if (op.work.run) op.work.run();
       return;
     }
   }
