@@ -43,9 +43,11 @@ UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
 echo "== TSan: ctest -L concurrency"
 tsan="-fsanitize=thread -fno-omit-frame-pointer"
 gs_configure "$tsan_dir" "${common[@]}" -DCMAKE_CXX_FLAGS="$tsan" -DCMAKE_EXE_LINKER_FLAGS="$tsan"
-cmake --build "$tsan_dir" -j "$jobs" --target test_concurrency
+cmake --build "$tsan_dir" -j "$jobs" --target test_concurrency test_arena_model test_soak arena_fuzzer_replay
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
   ctest --test-dir "$tsan_dir" -L concurrency --output-on-failure
+echo "== TSan: ctest -L async (the host backend's seeded mode)"
+TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" ctest --test-dir "$tsan_dir" -L async --output-on-failure
 
 clangxx=""
 for c in clang++-16 clang++-17 clang++-18 clang++-15 clang++; do

@@ -387,7 +387,7 @@ void ArenaCore::debug_eager_released(std::uintptr_t addr, void* stream) noexcept
   }
   if (!guard_bytes || !opts.canaries) return;
   try {
-    const Stream s(static_cast<cudaStream_t>(stream));
+    const Stream s = tagged_stream(stream);
     if (backend.capture_info(s).active) return;  // released inside a capture: cannot synchronize here
     std::vector<unsigned char> buf(guard_bytes);
     backend.copy_to_host(buf.data(), reinterpret_cast<const void*>(addr + eg.bytes), guard_bytes, s);
@@ -526,7 +526,7 @@ void debug_graph_created(GraphState& g, std::size_t report_mark) {
 void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::source_location& loc) {
   ArenaCore& core = *g.core;
   Family& f = *g.family;
-  if (last_stream && last_stream != s.handle()) {
+  if (last_stream && last_stream != stream_tag(s)) {
     debug::report_finding(
         debug::kind::concurrent_family_replay, site_of(loc),
         graph_label(g) + " replayed on stream " + hex_ptr(s.handle()) + " while the family's previous replay was "
@@ -542,7 +542,7 @@ void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::
       // The other graph's replays may have written over this graph's guards (and this replay over
       // its guards): check what it left, then both re-arm before their next replay.
       if (prev->virt && virtual_guards_unmapped(*prev->virt)) prev->armed = false;  // shrunk: nothing to read
-      if (prev->unchecked && prev->armed) check_graph(*prev, Stream(static_cast<cudaStream_t>(prev->dbg_stream)));
+      if (prev->unchecked && prev->armed) check_graph(*prev, tagged_stream(prev->dbg_stream));
       prev->armed = false;
       g.armed = false;
     }
@@ -559,7 +559,7 @@ void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::
 void debug_after_launch(GraphState& g, Stream s) {
   ArenaCore& core = *g.core;
   ++g.replays;
-  g.dbg_stream = s.handle();
+  g.dbg_stream = stream_tag(s);
   if (core.guard_bytes && core.opts.canaries && g.armed) {
     ++g.unchecked;
     if (core.opts.canary_check_every && g.unchecked >= core.opts.canary_check_every) check_graph(g, s);

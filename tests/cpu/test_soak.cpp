@@ -40,6 +40,10 @@ void mark(void* p, std::uint64_t bytes, unsigned char t) {
   c[bytes / 2] = t;
   c[bytes - 1] = t;
 }
+// mark() as stream work on `s`, declaring the workspace as written (the seeded mode checks it).
+void mark_on(HostStream& s, void* p, std::uint64_t bytes, unsigned char t) {
+  s.launch([p, bytes, t] { mark(p, bytes, t); }, {HostAccess::writes(p, bytes)});
+}
 bool marked(const void* p, std::uint64_t bytes, unsigned char t) {
   if (!bytes) return true;
   const auto* c = static_cast<const unsigned char*>(p);
@@ -77,11 +81,12 @@ TEST_CASE("soak: 10^6 random host-backend operations, nothing left at the end", 
       b.set(B, 1).set(n, count % 4097);
       Workspace w = (rng() & 1) ? arena.request(s, "e", Extent(count), 1 + rng() % 8, capacity_bound, b)
                                 : arena.request(s, "x", Extent(n), 4, exact_at_capture, b);
-      mark(w.data(), w.bytes(), tag);
+      mark_on(s, w.data(), w.bytes(), tag);
       eager.push_back({std::move(w), tag});
     } else if (op < 65) {
       if (!eager.empty()) {
         const std::size_t k = rng() % eager.size();
+        backend.quiesce();  // what the streams were given has run (seeded mode)
         bad += !marked(eager[k].ws.data(), eager[k].ws.bytes(), eager[k].t);
         eager[k] = std::move(eager.back());
         eager.pop_back();
@@ -90,12 +95,14 @@ TEST_CASE("soak: 10^6 random host-backend operations, nothing left at the end", 
       if (raws.size() > 32) continue;
       const std::uint64_t bytes = rng() % 50000;
       void* p = arena.allocate(s, bytes, 1ull << (rng() % 9));
-      mark(p, bytes, tag);
+      mark_on(s, p, bytes, tag);
       raws.push_back({p, bytes, si, tag});
     } else if (op < 85) {
       if (!raws.empty()) {
         const std::size_t k = rng() % raws.size();
+        backend.quiesce();
         bad += !marked(raws[k].p, raws[k].bytes, raws[k].t);
+        backend.order_after(s, streams[static_cast<std::size_t>(raws[k].s)]);  // used there: an event
         arena.deallocate(s, raws[k].p, raws[k].bytes);
         raws[k] = raws.back();
         raws.pop_back();
@@ -115,7 +122,7 @@ TEST_CASE("soak: 10^6 random host-backend operations, nothing left at the end", 
           arena.allocate(s, rng() % 3000);
           p = w.as<unsigned char>();
           bytes = w.bytes();
-          s.launch([p, bytes, t] { mark(p, bytes, t); });
+          mark_on(s, p, bytes, t);
         }, o);
         graphs.push_back({std::move(g), p, bytes, t, batch});
         ++captures;
@@ -130,6 +137,7 @@ TEST_CASE("soak: 10^6 random host-backend operations, nothing left at the end", 
         Bindings b;
         b.set(B, g.batch).set(n, static_cast<std::int64_t>(rng() % 4097));
         g.g.replay(b, s);
+        backend.quiesce();
         bad += !marked(g.p, g.bytes, g.t);
         ++replays;
       }
