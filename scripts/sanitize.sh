@@ -50,6 +50,24 @@ tsan_targets() {  # the CPU test executables with a [concurrency] test case
   grep -l '\[concurrency\]' tests/cpu/*.cpp | sed 's|tests/cpu/\(.*\)\.cpp|\1|'
 }
 
+# The fuzz stage's compiler, found first so that a machine without one fails before the long builds.
+clangxx=""
+for c in clang++-16 clang++-17 clang++-18 clang++-15 clang++; do
+  if command -v "$c" >/dev/null 2>&1 &&
+     echo '#include <source_location>
+#include <cstddef>
+#include <cstdint>
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t*, std::size_t) { return std::source_location::current().line() > 0 ? 0 : 1; }' |
+       "$c" -std=c++20 -fsanitize=fuzzer -x c++ - -o /dev/null 2>/dev/null; then
+    clangxx="$c"; break
+  fi
+done
+if [[ "${SANITIZE_SKIP_FUZZ:-0}" == 1 ]]; then
+  clangxx=""
+elif [[ -z "$clangxx" ]]; then
+  die "no clang++ >= 15 with libFuzzer for the fuzz stage: install one (apt-get install clang-16 libclang-rt-16-dev) or set SANITIZE_SKIP_FUZZ=1 to leave the fuzzer out of a local run"
+fi
+
 # The library links libcuda (driver API); machines without a driver get the toolkit's stub.
 if ! ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1'; then
   stub_dir="$(mktemp -d)"
@@ -78,21 +96,8 @@ cmake --build "$tsan_dir" -j "$jobs" --target $(tsan_targets)
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
   ctest --test-dir "$tsan_dir" -L '^concurrency$' --no-tests=error --output-on-failure
 
-clangxx=""
-for c in clang++-16 clang++-17 clang++-18 clang++-15 clang++; do
-  if command -v "$c" >/dev/null 2>&1 &&
-     echo '#include <source_location>
-#include <cstddef>
-#include <cstdint>
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t*, std::size_t) { return std::source_location::current().line() > 0 ? 0 : 1; }' |
-       "$c" -std=c++20 -fsanitize=fuzzer -x c++ - -o /dev/null 2>/dev/null; then
-    clangxx="$c"; break
-  fi
-done
-if [[ "${SANITIZE_SKIP_FUZZ:-0}" == 1 ]]; then
+if [[ -z "$clangxx" ]]; then
   echo "== fuzzer NOT RUN (SANITIZE_SKIP_FUZZ=1; CI runs it)"
-elif [[ -z "$clangxx" ]]; then
-  die "no clang++ >= 15 with libFuzzer for the fuzz stage: install one (apt-get install clang-16 libclang-rt-16-dev) or set SANITIZE_SKIP_FUZZ=1 to leave the fuzzer out of a local run"
 else
   echo "== libFuzzer ($clangxx): corpus replay, then ${fuzz_seconds}s"
   gs_configure "$fuzz_dir" "${common[@]}" -DGRAPHSAFE_FUZZ=ON -DCMAKE_CXX_COMPILER="$clangxx"
@@ -104,4 +109,8 @@ else
      ./tests/fuzz/arena_fuzzer -max_total_time="$fuzz_seconds" -rss_limit_mb=4096 -print_final_stats=1 \
      fuzz-corpus "$corpus")
 fi
-echo "sanitize.sh: all passed"
+if [[ -n "$clangxx" ]]; then
+  echo "sanitize.sh: all passed (ASan + UBSan, TSan, fuzz)"
+else
+  echo "sanitize.sh: ASan + UBSan and TSan passed; the fuzzer was NOT RUN (SANITIZE_SKIP_FUZZ=1)"
+fi
