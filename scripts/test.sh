@@ -11,4 +11,4 @@ gs_find_cuda
 jobs="$(gs_jobs)"
 gs_configure build
 cmake --build build -j "$jobs"
-ctest --test-dir build --output-on-failure
+ctest --test-dir build --output-on-failure --no-tests=error
