@@ -987,7 +987,7 @@ TEST_CASE("arena: cached blocks never make the arena grow or a capture fail", "[
   CHECK(backend.slab_allocations() == 1);
 }
 
-TEST_CASE("arena: raw blocks stay indexed while cached; double release is still refused", "[arena][cache]") {
+TEST_CASE("arena: raw blocks stay indexed while cached and a double release is still refused", "[arena][cache]") {
   HostBackend backend;
   Arena arena(backend, ArenaOptions{.report_findings = false});
   HostStream s;

@@ -195,7 +195,7 @@ TEST_CASE("debug: off, nothing is reported and no guard bytes are added", "[debu
   CHECK(g_off.plan().entries()[2].offset == g_on.plan().entries()[2].offset);
 }
 
-TEST_CASE_METHOD(SeedDebugArena, "debug: probe reports the seed's size and offset dependencies; its safe twin has none", "[debug][probe]") {
+TEST_CASE_METHOD(SeedDebugArena, "debug: probe reports the seed's size and offset dependencies and none for its safe twin", "[debug][probe]") {
   const Bindings a = m.bind({3, 5}), b = m.bind({15, 17});
 
   const auto diffs = debug::probe(arena, s, step(exact_at_capture, exact_at_capture),

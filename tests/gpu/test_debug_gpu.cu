@@ -94,7 +94,7 @@ TEST_CASE("gpu debug: capture findings for unbounded sizes and opaque requests",
   CHECK(debug::check_canaries(graph, sh.s).empty());
 }
 
-TEST_CASE("gpu debug: probe reports differing kernel arguments; the safe twin reports nothing", "[gpu][debug][probe]") {
+TEST_CASE("gpu debug: probe reports differing kernel arguments and nothing for the safe twin", "[gpu][debug][probe]") {
   debug::clear_findings();
   StreamHolder sh;
   CudaBackend backend;

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "../../support/cuda_device.hpp"  // header-only, CUDA runtime only: not graphsafe
+
 __global__ void touch(int* p) { p[threadIdx.x] += 1; }
 
 __attribute__((noinline)) int reads_a_device_value(const int* d) {
@@ -28,11 +30,7 @@ __attribute__((noinline)) void step_with_unsafe_calls(cudaStream_t s, int* d, bo
 int main(int argc, char** argv) {
   bool safe = false;
   for (int i = 1; i < argc; ++i) safe = safe || std::strcmp(argv[i], "--safe") == 0;
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("SKIPPED: no usable CUDA device\n");
-    return 77;
-  }
+  if (const int rc = graphsafe::testing::gpu_test_skip_or_fail("unmodified_capture"); rc >= 0) return rc;
   cudaStream_t s;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   int* d = nullptr;

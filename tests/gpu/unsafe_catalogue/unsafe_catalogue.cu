@@ -20,6 +20,8 @@
 #include <graphsafe/cupti.hpp>
 #include <graphsafe/graphsafe.hpp>
 
+#include "../../support/cuda_device.hpp"
+
 #include <cub/device/device_radix_sort.cuh>
 #include <thrust/execution_policy.h>
 #include <thrust/sort.h>
@@ -498,11 +500,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "unknown case '%s' (--list)\n", name.c_str());
     return 2;
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no usable CUDA device\n");
-    return 77;
-  }
+  if (const int rc = graphsafe::testing::gpu_test_skip_or_fail("unsafe_catalogue"); rc >= 0) return rc;
   if (in_process && !cupti::enable()) return 3;
   std::fprintf(stderr, "unsafe_catalogue: case %s (%s): %s\n", chosen->name, safe ? "safe twin" : "unsafe",
                chosen->source);
