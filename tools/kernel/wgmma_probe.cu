@@ -12,9 +12,8 @@
 // before it is timed. Per CTA (one per SM, all SMs): cycles per wgmma, and the rate as a fraction
 // of the bf16 dense peak (4096 FLOP per SM clock on sm_90). The second table ("pipeline probe",
 // further down) rebuilds the producer -> consumer handoff around S. CMake builds it as
-// build/bench/wgmma_probe when the CUDA architectures include 90a (the default); bench/ds4_iterate.sh
-// PROBE=1 runs it on the device. Results on the H200: bench/results/wgmma_probe_h200.txt (session 9);
-// the pipeline probe with the MODE rows: bench/results/ds4_ws_session10_h200.txt.
+// build/tools/kernel/wgmma_probe when the CUDA architectures include 90a (the default);
+// tools/kernel/ds4_iterate.sh PROBE=1 runs it on the device.
 #include "cuda_support.cuh"
 
 #include <graphsafe/ds4/reference.hpp>
@@ -295,7 +294,7 @@ void ck(cudaError_t e, const char* w) {
 // producer stored with the tile) and tests them before its chain, as the kernel's math warpgroup
 // does (in its SASS the compares sit before WARPGROUP.ARRIVE).
 constexpr long long kL2Rows = 1ll << 15;  // x 576 B = 19 MB
-// MODE (what the producer does besides, session 10): 0 the kernel's scheme above; 1 the loads of the
+// MODE (what the producer does besides): 0 the kernel's scheme above; 1 the loads of the
 // next tile are waited for before the fence (no load in flight during S; the latency is exposed);
 // 2 no shared stores (loads only, folded into a register: the stage keeps old bytes); 3 the
 // copy-engine producer: cp.async.bulk of the tile's 64 raw rows (576 B each) into the upper 36 KB
@@ -303,7 +302,7 @@ constexpr long long kL2Rows = 1ll << 15;  // x 576 B = 19 MB
 // as the 64 KB bf16-sized tile in place (the raw rows of a half lie above the bytes the half before
 // it writes); 4 no loads and no stores (the producer only hands the stages over); 5 as 0, but the
 // 64 KB of stores go to a 32 KB scratch area outside both stages (twice over): does it matter
-// that the stores land in the stage the consumers read next? (session 10, compiled only)
+// that the stores land in the stage the consumers read next?
 template <int LOADS, bool AFTER, bool FENCE, bool VLD = false, int MODE = 0>
 __global__ void __launch_bounds__(384, 1) pipe_probe(Args a, int ntiles) {
   extern __shared__ __align__(1024) std::uint8_t smem[];

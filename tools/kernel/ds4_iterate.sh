@@ -5,17 +5,17 @@
 # optionally take a timeline or an ncu profile. Everything lands in $OUT; the last lines are a table.
 # Exits non-zero if a build, test, sanitizer run or benchmark failed (the table says which).
 #
-#   OUT=/tmp/out VARIANTS="base: pdl0:-DSOMETHING" TESTS=1 TL=1 NCU=1 bash bench/ds4_iterate.sh
+#   OUT=/tmp/out VARIANTS="base: pdl0:-DSOMETHING" TESTS=1 TL=1 NCU=1 bash tools/kernel/ds4_iterate.sh
 #
 # VARIANTS: space-separated name:CUDA_FLAGS (flags comma-separated, e.g. "x:-DA=1,-DB"); the first
 #   is the default build (build/), which also builds the tests when TESTS=1. name@file.patch:FLAGS
-#   builds that variant from a copy of the tree with the patch applied (e.g. the kept experiments in
-#   bench/results/*.patch beside the unpatched tree, in one run). BENCH_ARGS: extra
+#   builds that variant from a copy of the tree with the patch applied (an experiment beside the
+#   unpatched tree, in one run). BENCH_ARGS: extra
 #   arguments of ds4_attention_bench (default "--types c4,c128,c1 --reps 5"). TL=1: a timeline build
 #   (-DGRAPHSAFE_DS4_TIMELINE) of the first variant, C4. NCU=1: ncu of one paged ws launch at C4
 #   (needs ncu on PATH or under the toolkit) from the first variant's build, or from NCU_BUILD
-#   (e.g. build-it-base); bench/ncu_stalls.py summarizes its stall samples. SANITIZE=1: memcheck +
-#   racecheck (SANITIZE_TOOLS, e.g. "memcheck racecheck synccheck"; run at once) on test_ds4_kernels. PROBE=1: bench/wgmma_probe (once, from the first variant's build).
+#   (e.g. build-it-base); tools/kernel/ncu_stalls.py summarizes its stall samples. SANITIZE=1: memcheck +
+#   racecheck (SANITIZE_TOOLS, e.g. "memcheck racecheck synccheck"; run at once) on test_ds4_kernels. PROBE=1: wgmma_probe (once, from the first variant's build).
 set -u -o pipefail
 : "${OUT:?set OUT}"
 JOBS=${JOBS:-16}
@@ -27,7 +27,7 @@ T0=$(date +%s)
 say() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
 # Every step's timeout is capped so that the whole script ends by DEADLINE seconds (default 570,
 # inside the device's 600 s per command) and the summary and the log tarball always come back
-# (session 8: a deadlocked kernel hung a 300 s test step and the call was killed with its logs).
+# (a deadlocked kernel would otherwise hang a test step until the device call is killed, logs and all).
 DEADLINE=${DEADLINE:-570}
 lim() {  # lim <seconds>: that, or what is left before DEADLINE less 25 s for the summary
   local left=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
@@ -167,8 +167,8 @@ if [ "${TESTS:-0}" = 1 ]; then
     fail "sanitizers skipped"
   elif [ "${SANITIZE:-0}" = 1 ]; then
     # The tools run at once (separate processes on the one GPU): one after the other, the last one
-    # often met the DEADLINE cap (session 11: racecheck killed mid-case, a hang and a slow run
-    # could not be told apart). A run the cap killed says so in the table, with the cap.
+    # often met the DEADLINE cap (racecheck killed mid-case: a hang and a slow run could not be told
+    # apart). A run the cap killed says so in the table, with the cap.
     declare -A SPID=() SCAP=()
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
       say "$tool test_ds4_kernels (in the background)"
@@ -186,12 +186,12 @@ if [ "${TESTS:-0}" = 1 ]; then
     done
   fi
 fi
-# PROBE=1: bench/wgmma_probe.cu (the MMA shapes alone and inside a rebuilt producer handoff),
+# PROBE=1: tools/kernel/wgmma_probe.cu (the MMA shapes alone and inside a rebuilt producer handoff),
 # built in the first variant's folder; it does not use the kernel, so one run serves all variants.
 if [ "${PROBE:-0}" = 1 ]; then
   say "wgmma_probe"
   if ninja -C "$dir" -j"$JOBS" wgmma_probe >"$OUT/build.wgmma_probe.log" 2>&1; then
-    timeout "$(lim 60)" "$dir/bench/wgmma_probe" >"$OUT/wgmma_probe.txt" 2>&1
+    timeout "$(lim 60)" "$dir/tools/kernel/wgmma_probe" >"$OUT/wgmma_probe.txt" 2>&1
     rc=$?
     tail -n 14 "$OUT/wgmma_probe.txt"
     TABLE+=("wgmma_probe: rc $rc $(tail -n 1 "$OUT/wgmma_probe.txt")")
@@ -238,7 +238,7 @@ if [ "${NCU:-0}" = 1 ]; then
     "$NCU_BIN" --import "$OUT/ws_c4.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_sass.csv" 2>&1
     gzip -f "$OUT/ncu_sass.csv"
     # Stall samples per instruction class (S / PV wgmma, their waits, barriers, loads, stores).
-    python3 bench/ncu_stalls.py "$OUT/ncu_sass.csv.gz" >"$OUT/ncu_stalls.txt" 2>&1; head -30 "$OUT/ncu_stalls.txt"
+    python3 tools/kernel/ncu_stalls.py "$OUT/ncu_sass.csv.gz" >"$OUT/ncu_stalls.txt" 2>&1; head -30 "$OUT/ncu_stalls.txt"
     grep -E "Duration|Throughput|Pipe|Tensor|Shared|Stall|Issue|Eligible|Active Warps" "$OUT/ncu_details.txt" | head -60
   else
     echo "no ncu"

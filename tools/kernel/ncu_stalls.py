@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Warp-stall samples of an Nsight Compute source export, per SASS instruction class.
 
-Why: session 9 found the ws attention kernel's S chains taking 2.3x the cycles they take alone,
-growing with the latency of the producer's row loads (bench/results/ds4_ws_session9_h200.txt). The
+Why: the ws attention kernel's S chains have taken over twice the cycles they take alone, growing
+with the latency of the producer's row loads (wgmma_probe.cu's pipeline probe reproduces it). The
 question is what the HGMMA warps stall on at that point: ncu's PC sampling answers it. This turns
-the export that bench/ds4_iterate.sh NCU=1 writes,
+the export that tools/kernel/ds4_iterate.sh NCU=1 writes,
 
     ncu --import ws_c4.ncu-rep --page source --csv --print-source sass > ncu_sass.csv
 
@@ -13,7 +13,7 @@ global loads, shared stores, ...) split by stall reason, and the top instruction
 of ncu's CSV differ between versions, so columns are found by pattern; if none matches, the header
 is printed so that the script can be fixed here, without device time.
 
-    python3 bench/ncu_stalls.py ncu_sass.csv[.gz] [--top 25]
+    python3 tools/kernel/ncu_stalls.py ncu_sass.csv[.gz] [--top 25]
 """
 import argparse
 import csv

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Named-barrier model of the ws attention kernel's tile loop (kernels/ds4/sparse_attention.cu).
 
-Why: session 8 spent 700 s of device time on a deadlock (the PV warpgroup waiting at a 384-thread
+Why: a deadlock once took 700 s of device time to find (the PV warpgroup waiting at a 384-thread
 FULL bar.sync for the math warpgroup, which waited for it at P_READY) that this model finds in
 milliseconds. Before a device run of a change to the handoffs, write its barrier sequence here and
-run `python3 bench/ws_protocol_model.py`: it explores every interleaving of the three roles for
+run `python3 tools/kernel/ws_protocol_model.py`: it explores every interleaving of the three roles for
 1..MAX_TILES tiles and reports a deadlock, or an arrival that lands in a barrier phase it does not
 belong to (a role arriving twice in one phase, or mixed thread counts), or an arrival that no one
 waits for (a phase still open when every role is done).
@@ -20,13 +20,11 @@ MAX_TILES = 7
 
 
 def head(n, s_done=False):
-    """The shipped loop (session 7): whole-stage FULL / EMPTY of 384 threads, lockstep consumers.
-    "X" is the kernel's P_FREE (X_READY until session 10, when the PV warpgroup stopped handing a
-    partial S over: the barrier now only says its PV of tile j - 1 is done; same sequence).
+    """The shipped loop: whole-stage FULL / EMPTY of 384 threads, lockstep consumers. "X" is the
+    kernel's P_FREE: the PV warpgroup's PV of tile j - 1 is done.
 
-    s_done=True is session 9's -DGRAPHSAFE_DS4_FILL_AFTER_S (bench/results/
-    ds4_ws_session9_diagnostics.patch; measured on the H200: correct, racecheck clean, 0.9 us
-    slower): S_DONE (256 threads), which the math warpgroup arrives at once the scores of tile j
+    s_done=True is the -DGRAPHSAFE_DS4_FILL_AFTER_S experiment (measured on the H200: correct,
+    racecheck clean, 0.9 us slower): S_DONE (256 threads), which the math warpgroup arrives at once the scores of tile j
     are complete (j < n - 1) and the producer waits for (after EMPTY) before it fills tile j + 1,
     so that its 64 KB of shared stores land during the softmax and PV instead of during S."""
     prod, math, pv = [], [], []
@@ -53,7 +51,7 @@ def head(n, s_done=False):
 
 
 def s_ahead(n):
-    """bench/results/ds4_ws_session10_s_ahead.patch (-DGRAPHSAFE_DS4_S_AHEAD=1; measured on the
+    """The S-ahead experiment (-DGRAPHSAFE_DS4_S_AHEAD=1; measured on the
     H200: correct, racecheck clean, C4 26.36 us vs 24.91 without): the math warpgroup waits FULL
     of tile j + 1 and issues its S right after issuing its PV of tile j, and arrives at EMPTY of
     tile j once that PV has retired, in iteration j + 1 (before the P_FREE sync)."""
@@ -74,8 +72,7 @@ def s_ahead(n):
 
 
 def alternate(n, full_per_warpgroup=True, ready_sync=False):
-    """bench/results/ds4_ws_session10_alternate.patch with -DGRAPHSAFE_DS4_ALTERNATE=1 (session 10;
-    measured on the H200: correct, memcheck and racecheck clean, C4 26.22 us vs 25.25 for the
+    """The alternation experiment, -DGRAPHSAFE_DS4_ALTERNATE=1 (measured on the H200: correct, memcheck and racecheck clean, C4 26.22 us vs 25.25 for the
     shipped loop in the same run): the consumer warpgroups take turns. Warpgroup c
     owns tiles t with t % 2 == c; its loop walks the other's tiles j = c - 1, c + 1, ...: FULL(j)
     (j >= 0), FULL(j + 1) and S(j + 1) (if j + 1 < n), READY(j) sync (j >= 0), softmax(j + 1) and
@@ -125,9 +122,9 @@ def extra_s_done(n):
 
 
 def pv_ahead(n, full_per_warpgroup=True, half_stages=True):
-    """bench/results/ds4_ws_session8_pv_ahead.patch: the PV warpgroup's S of tile j + 1 before its
-    PV of tile j. full_per_warpgroup=False is session 8's run 1 (one 384-thread FULL: deadlocks);
-    half_stages=False is run 3 (whole-stage refill), True the patch's default (paged producer)."""
+    """The PV-ahead experiment: the PV warpgroup's S of tile j + 1 before its PV of tile j.
+    full_per_warpgroup=False is one 384-thread FULL (deadlocks); half_stages=False refills whole
+    stages, True in two halves (the experiment's default, paged producer)."""
     prod, math, pv = [], [], []
     if full_per_warpgroup:
         fm = lambda st: ("FULLm%d" % st, 2)
@@ -236,16 +233,16 @@ def check(progs):
 
 def main():
     cases = [
-        ("shipped (session 7; session 10 renamed X_READY to P_FREE)", head, True),
-        ("alternate: the consumer warpgroups take turns, a FULL per warpgroup (session 10)", alternate, True),
+        ("shipped", head, True),
+        ("alternate: the consumer warpgroups take turns, a FULL per warpgroup", alternate, True),
         ("alternate with one 384-thread FULL", lambda n: alternate(n, False), True),
         ("alternate with READY synced by the owner too (must deadlock)", lambda n: alternate(n, True, True), False),
-        ("S ahead: the math warpgroup's S of tile j + 1 before its PV of tile j retires (session 10)", s_ahead, True),
-        ("fill after S: the producer waits for S_DONE after EMPTY (session 9)", lambda n: head(n, s_done=True), True),
+        ("S ahead: the math warpgroup's S of tile j + 1 before its PV of tile j retires", s_ahead, True),
+        ("fill after S: the producer waits for S_DONE after EMPTY", lambda n: head(n, s_done=True), True),
         ("fill after S with one S_DONE arrival too many (must be found)", extra_s_done, False),
-        ("PV ahead, one 384-thread FULL (session 8 run 1)", lambda n: pv_ahead(n, False), False),
-        ("PV ahead, FULL per warpgroup, whole stages (run 3)", lambda n: pv_ahead(n, True, False), True),
-        ("PV ahead, FULL and EMPTY per warpgroup, half stages (patch default)", lambda n: pv_ahead(n), True),
+        ("PV ahead, one 384-thread FULL", lambda n: pv_ahead(n, False), False),
+        ("PV ahead, FULL per warpgroup, whole stages", lambda n: pv_ahead(n, True, False), True),
+        ("PV ahead, FULL and EMPTY per warpgroup, half stages", lambda n: pv_ahead(n), True),
     ]
     bad = 0
     for name, gen, want_ok in cases:
