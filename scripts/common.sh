@@ -35,7 +35,7 @@ gs_jobs() { nproc 2>/dev/null || echo 2; }
 # Install what is missing with apt-get (as root; apt-get update first). Prints what to install
 # when not root.
 gs_install_missing() {
-  local packages=(cmake ninja-build g++ libboost-dev catch2) missing=() p
+  local packages=(cmake ninja-build g++ libboost-dev catch2 nlohmann-json3-dev libcli11-dev) missing=() p
   for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done

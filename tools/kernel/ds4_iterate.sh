@@ -74,6 +74,11 @@ src_of() {
 DEB=$(ls .deps/catch2_*.deb 2>/dev/null | head -n 1)
 C2=""
 if [ -n "$DEB" ]; then rm -rf /tmp/c2 && dpkg -x "$DEB" /tmp/c2 && C2=/tmp/c2/usr/lib/cmake/Catch2; fi
+# nlohmann-json and CLI11 (header-only build dependencies) from .deps/ when the machine lacks them.
+DEPS_PREFIX=""
+for deb in .deps/nlohmann-json3-dev_*.deb .deps/libcli11-dev_*.deb; do
+  [ -f "$deb" ] && dpkg -x "$deb" /tmp/gsdeps && DEPS_PREFIX=/tmp/gsdeps/usr
+done
 
 build_variant() {  # build_variant <dir> <flags> <tests 0/1> [source tree]
   local dir=$1 flags=$2 tests=$3 src=${4:-.}
@@ -87,7 +92,7 @@ build_variant() {  # build_variant <dir> <flags> <tests 0/1> [source tree]
   [ "$tests" = 1 ] && [ -n "$C2" ] && tflag=ON
   cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DGRAPHSAFE_BUILD_TESTS=$tflag -DGRAPHSAFE_BUILD_EXAMPLES=OFF -DGRAPHSAFE_BUILD_CUPTI=OFF \
-    ${C2:+-DCatch2_DIR=$C2} "-DCMAKE_CUDA_FLAGS=${flags//,/ }" >"$OUT/cfg.$(basename "$dir").log" 2>&1 || return 1
+    ${C2:+-DCatch2_DIR=$C2} ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} "-DCMAKE_CUDA_FLAGS=${flags//,/ }" >"$OUT/cfg.$(basename "$dir").log" 2>&1 || return 1
   local targets=ds4_attention_bench
   [ "$tflag" = ON ] && targets="$targets test_ds4_kernels test_ds4_graph test_ds4_dequant"
   ninja -C "$dir" -j"$JOBS" $targets >"$OUT/build.$(basename "$dir").log" 2>&1
