@@ -41,10 +41,19 @@ gs_install_missing() {
   done
   ((${#missing[@]})) || return 0
   if [[ $(id -u) -eq 0 ]]; then
-    echo "installing ${missing[*]}"
+    # apt's progress goes to a log; the console gets one line, or the log's tail when it fails.
+    local log
+    log=$(mktemp "${TMPDIR:-/tmp}/graphsafe-apt.XXXXXX")
+    echo "installing ${missing[*]} (apt-get, log: $log)"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update
-    apt-get install -y --no-install-recommends "${missing[@]}"
+    if apt-get update -q >"$log" 2>&1 &&
+       apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$log" 2>&1; then
+      echo "installed ${missing[*]}"
+    else
+      echo "error: apt-get could not install ${missing[*]}; the end of $log:" >&2
+      tail -n 20 "$log" >&2
+      return 1
+    fi
   else
     echo "missing ${missing[*]} and not root -- install them: sudo apt-get install ${missing[*]}" >&2
   fi

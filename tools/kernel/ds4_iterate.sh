@@ -92,6 +92,7 @@ build_variant() {  # build_variant <dir> <flags> <tests 0/1> [source tree]
   [ "$tests" = 1 ] && [ -n "$C2" ] && tflag=ON
   cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DGRAPHSAFE_BUILD_TESTS=$tflag -DGRAPHSAFE_BUILD_EXAMPLES=OFF -DGRAPHSAFE_BUILD_CUPTI=OFF \
+    -DGRAPHSAFE_DS4_WARN_SPILLS=ON \
     ${C2:+-DCatch2_DIR=$C2} ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} "-DCMAKE_CUDA_FLAGS=${flags//,/ }" >"$OUT/cfg.$(basename "$dir").log" 2>&1 || return 1
   local targets=ds4_attention_bench
   [ "$tflag" = ON ] && targets="$targets test_ds4_kernels test_ds4_graph test_ds4_dequant"
