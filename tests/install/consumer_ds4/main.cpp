@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -47,7 +46,7 @@ int main() {
   try {
     cuda::choose_splits(4, 32, 640, 132);
     expect(false, "choose_splits accepted 32 heads");
-  } catch (const std::invalid_argument& e) {
+  } catch (const graphsafe::invalid_argument_error& e) {
     expect(std::string(e.what()).find("32") != std::string::npos, "the error names the head count");
   }
   std::printf("install consumer (ds4): %s\n", failures ? "FAILED" : "OK");
