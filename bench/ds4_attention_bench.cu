@@ -11,11 +11,11 @@
 // max(bytes / copy BW, FLOPs / GEMM rate) with bytes = attended KV rows * 584 + q + out.
 // Prints a table; --json PATH writes records {name, value, unit, baseline_name, baseline_value,
 // ratio, machine, command}.
-#include <graphsafe/ds4/detail/timeline.hpp>
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/layout.hpp>
 
 #include "bench_support.hpp"
+#include "timeline.hpp"  // kernels/ds4: the kernel's timeline record layout
 
 #include <CLI/CLI.hpp>
 
@@ -145,7 +145,7 @@ cudaGraphExec_t capture(cudaStream_t st, F&& fn) {
 
 #ifdef GRAPHSAFE_DS4_TIMELINE
 // Breakdown of one graph replay of the sweep from the kernel's clock64 stamps (record layout:
-// graphsafe/ds4/detail/timeline.hpp): medians over the CTAs of the layers 2 .. L-2, in
+// kernels/ds4/timeline.hpp): medians over the CTAs of the layers 2 .. L-2, in
 // microseconds at the SM clock.
 void print_timeline(const std::vector<unsigned long long>& v, int grid, double clock_ghz) {
   constexpr int S = tl::kSlots;

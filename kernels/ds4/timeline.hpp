@@ -2,7 +2,7 @@
 // (-DGRAPHSAFE_DS4_TIMELINE; sparse_attention.cu writes it, bench/ds4_attention_bench.cu reads it).
 // One record per CTA launch, kSlots 64-bit values: clock64 stamps at phase edges (globaltimer for
 // entry and exit). Per-tile slots hold 8 tiles (j & 7) unless noted. Not part of the API: the
-// functions below exist only in a timeline build.
+// functions below exist only in a timeline build. Internal: not installed, not in include/.
 #pragma once
 
 #include <vector>
@@ -30,15 +30,15 @@ enum Slot : int {
   merged = 53,           // merge: bf16 stage written
   staged = 54,           // merge: stage barrier passed
   p_loads_issued = 56,   // producer: after the loads of tile j are issued (TLDEP does not wait for
-                         // them to land; session 4's files call this "landed")
+                         // them to land)
   p_empty_ok = 64,       // producer: stage of tile j free (EMPTY passed)
   p_stores_done = 72,    // producer: dequantized tile j stored
   p_prefetched = 80,     // producer: L2 prefetch of tile j + 2 issued (after FULL of tile j)
   c_x_bar = 88,          // math warpgroup: P_FREE of tile j passed (j < 4)
   c_pv_start = 92,       // consumers: softmax of tile j done, before PV (j < 4)
   // The PV warpgroup's own stamps (its thread 0) and the producer's publication of the PV
-  // warpgroup's half of a stage: written by the session 8 experiment
-  // (bench/results/ds4_ws_session8_pv_ahead.patch); zero in builds without them.
+  // warpgroup's half of a stage: written only by experimental builds that run PV ahead; zero in
+  // the shipped kernel.
   pv_full = 96,          // PV warpgroup: FULL of tile j acquired
   pv_s_done = 104,       // PV warpgroup: its S part of tile j waited for
   pv_p_ok = 112,         // PV warpgroup: P_READY of tile j passed
