@@ -4,7 +4,9 @@
 #   a time), compute-sanitizer memcheck, racecheck, initcheck and synccheck on every GPU test executable
 #   ($OUT/sanitizer_sweep.json: one record per tool and test, the errors other than the deliberate API
 #   errors listed below), then every benchmark in build/bench with --json. Logs and JSON go to $OUT. It
-#   keeps going past failures and exits non-zero if any step failed, a sanitizer job included. Needs: $OUT, .deps/catch2_*.deb, CUDA toolkit, Boost headers.
+#   keeps going past failures and exits non-zero if any step failed, a sanitizer job included.
+#   Needs: $OUT, .deps/catch2_*.deb, CUDA toolkit, Boost headers, and nlohmann-json and CLI11
+#   (installed, or .deps/nlohmann-json3-dev_*.deb and .deps/libcli11-dev_*.deb: `apt-get download`).
 #
 #   OUT=/tmp/out bash bench/run_gpu_suite.sh
 #
@@ -62,12 +64,18 @@ if [ -n "$DEB" ] && rm -rf /tmp/c2 && dpkg -x "$DEB" /tmp/c2 && [ -d /tmp/c2/usr
 else
   record FAIL "catch2: no .deps/catch2_*.deb or dpkg -x failed (tests will not be built)"
 fi
+# Header-only build dependencies, unpacked from .deps/ when the machine lacks them (no network there).
+DEPS_PREFIX=""
+for deb in .deps/nlohmann-json3-dev_*.deb .deps/libcli11-dev_*.deb; do
+  [ -f "$deb" ] && dpkg -x "$deb" /tmp/gsdeps && DEPS_PREFIX=/tmp/gsdeps/usr
+done
 
 # ---- configure + build ------------------------------------------------------------------------------
 banner "configure ($GEN) + build -j$JOBS"
 configure() {
   cmake -S . -B "$BUILD_DIR" -G "$GEN" \
     -DCatch2_DIR=/tmp/c2/usr/lib/cmake/Catch2 \
+    ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} \
     -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo "$CUDA_HOME/bin/nvcc")" >"$OUT/configure.log" 2>&1

@@ -42,7 +42,7 @@
 // form, reached here from different code by the two consumer warpgroups): see
 // bench/results/ds4_ws_session11_unaligned_barriers.patch.
 
-#include <graphsafe/ds4/detail/timeline.hpp>
+#include "timeline.hpp"
 #include <graphsafe/ds4/kernels.hpp>
 
 #include "cuda_support.cuh"
@@ -476,7 +476,7 @@ __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.ar
 // Diagnostics only (a build with -DGRAPHSAFE_DS4_TIMELINE; bench/ds4_attention_bench prints the
 // breakdown): per CTA, clock64 stamps at the phase edges of the ws kernel, so the per-layer time can
 // be split into launch gap, prologue, per-tile producer / consumer time and merge. The record
-// layout is graphsafe/ds4/detail/timeline.hpp. Compiled out otherwise (TL(...) expands to nothing).
+// layout is timeline.hpp (next to this file). Compiled out otherwise (TL(...) expands to nothing).
 // TLDEP names a register the stamp follows in program order; it does not make the stamp wait for
 // that register's load to land.
 namespace tl = timeline;
@@ -1578,7 +1578,7 @@ void sparse_attention_workspace(const WorkspaceAttentionArgs& a, cudaStream_t st
 }
 
 #ifdef GRAPHSAFE_DS4_TIMELINE
-// Diagnostics (see TL above and detail/timeline.hpp).
+// Diagnostics (see TL above and timeline.hpp).
 void timeline::timeline_reset() {
   const unsigned zero = 0;
   detail::check_cuda(cudaMemcpyToSymbol(g_tl_count, &zero, sizeof zero), "timeline reset");

@@ -7,6 +7,8 @@
 #include <graphsafe/debug.hpp>
 #include <graphsafe/graphsafe.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -393,6 +395,13 @@ TEST_CASE_METHOD(SeedDebugArena, "debug: external findings and the JSON report",
   // Quotes and control characters are escaped.
   debug::report_finding("x", "a\"b", "line1\nline2\t\x01", "");
   CHECK(json_well_formed(debug::report_json()));
+  // ... and read back as written (a JSON parser, not the writer's escaping, decides).
+  const auto parsed = nlohmann::json::parse(debug::report_json());
+  CHECK(parsed.at("finding_count") == parsed.at("findings").size());
+  const auto& last = parsed.at("findings").back();
+  CHECK(last.at("kind") == "x");
+  CHECK(last.at("site") == "a\"b");
+  CHECK(last.at("message") == "line1\nline2\t\x01");
   debug::clear_findings();
 }
 

@@ -12,6 +12,7 @@
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/problem.hpp>
 #include <graphsafe/ds4/reference.hpp>
+#include <graphsafe/error.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -540,27 +541,27 @@ TEST_CASE("sparse attention: small batch with a Pro-like C4 (K = 1024, H = 128) 
   CHECK(exact);
 }
 
-TEST_CASE("launchers reject bad arguments with std::invalid_argument", "[ds4][args]") {
+TEST_CASE("launchers reject bad arguments with graphsafe's invalid_argument_error", "[ds4][args]") {
   gk::PagedAttentionArgs pa;
   pa.c.batch = 1; pa.c.heads = 96;
-  CHECK_THROWS_AS(gk::sparse_attention_paged(pa, nullptr), std::invalid_argument);
+  CHECK_THROWS_AS(gk::sparse_attention_paged(pa, nullptr), graphsafe::invalid_argument_error);
   try {
     gk::sparse_attention_paged(pa, nullptr);
-  } catch (const std::invalid_argument& e) {
+  } catch (const graphsafe::invalid_argument_error& e) {
     const std::string m = e.what();
     CHECK(m.find("96") != std::string::npos);
     CHECK(m.find("64 or 128") != std::string::npos);
   }
   pa.c.heads = 64; pa.c.batch = 0;
-  CHECK_THROWS_AS(gk::sparse_attention_paged(pa, nullptr), std::invalid_argument);
+  CHECK_THROWS_AS(gk::sparse_attention_paged(pa, nullptr), graphsafe::invalid_argument_error);
   pa.c.batch = 1;  // null q / out
-  CHECK_THROWS_AS(gk::sparse_attention_paged(pa, nullptr), std::invalid_argument);
+  CHECK_THROWS_AS(gk::sparse_attention_paged(pa, nullptr), graphsafe::invalid_argument_error);
   gk::WorkspaceAttentionArgs wa;
   wa.c.batch = 2; wa.c.heads = 128;
-  CHECK_THROWS_AS(gk::sparse_attention_workspace(wa, nullptr), std::invalid_argument);
+  CHECK_THROWS_AS(gk::sparse_attention_workspace(wa, nullptr), graphsafe::invalid_argument_error);
   gk::GatherIndexArgs gi;
   gi.batch = 1; gi.ratio = 3;
-  CHECK_THROWS_AS(gk::combine_gather(gi, nullptr), std::invalid_argument);
+  CHECK_THROWS_AS(gk::combine_gather(gi, nullptr), graphsafe::invalid_argument_error);
   {  // the ragged layout keeps the int32 bound on B*M (its rows lie below B*M)
     std::int32_t dummy[4] = {};
     gk::GatherIndexArgs r;
@@ -568,8 +569,8 @@ TEST_CASE("launchers reject bad arguments with std::invalid_argument", "[ds4][ar
     r.seq_lens = dummy; r.topk_local = dummy; r.idx = dummy; r.lens = dummy;
     CHECK_THROWS_WITH(gk::combine_gather(r, nullptr), Catch::Contains("B*M"));
   }
-  CHECK_THROWS_AS(gk::quantize_insert_f32(nullptr, nullptr, 4, {}, nullptr), std::invalid_argument);
-  CHECK_THROWS_AS(gk::choose_splits(4, 32, 640, 132), std::invalid_argument);
+  CHECK_THROWS_AS(gk::quantize_insert_f32(nullptr, nullptr, 4, {}, nullptr), graphsafe::invalid_argument_error);
+  CHECK_THROWS_AS(gk::choose_splits(4, 32, 640, 132), graphsafe::invalid_argument_error);
 }
 
 TEST_CASE("the paged-direct attention path is capturable in a CUDA Graph and replays bitwise", "[ds4][graph]") {

@@ -2,8 +2,8 @@
 //
 // Every launcher takes plain device pointers and a stream, performs no host synchronisation and no
 // allocation (so each is capturable in a CUDA Graph), checks its launch with cudaGetLastError
-// (std::runtime_error naming the kernel and the CUDA error) and rejects bad arguments with
-// std::invalid_argument naming the value and the allowed values. Lengths that change between graph
+// (graphsafe::cuda_error naming the kernel and the CUDA error) and rejects bad arguments with
+// graphsafe::invalid_argument_error naming the value and the allowed values (graphsafe/error.hpp). Lengths that change between graph
 // replays (seq_lens, lens) are read from DEVICE memory; only static quantities (B, H, widths,
 // workspace row counts N and M, capacities) are launch arguments.
 //
