@@ -38,9 +38,8 @@
 // then the split merge (a cluster barrier, the 64 KB st.async push into the peer in 4 chunks, each
 // merged and stored while the next is in flight). S runs at about half the tensor pipe's rate
 // while the producer stores the next tile (bench/wgmma_probe.cu's pipeline probe reproduces it).
-// compute-sanitizer synccheck reports the named barriers as divergent (bar.sync is the aligned
-// form, reached here from different code by the two consumer warpgroups): see
-// bench/results/ds4_ws_session11_unaligned_barriers.patch.
+// The named barriers use the unaligned PTX forms (barrier.sync / barrier.arrive): the roles reach
+// one barrier generation from different code (see bar_sync).
 
 #include <graphsafe/ds4/detail/timeline.hpp>
 #include <graphsafe/ds4/kernels.hpp>
@@ -470,8 +469,13 @@ constexpr bool kMergeGeneric = true;
 constexpr bool kMergeGeneric = false;
 #endif
 static_assert(kMergeChunks == 1 || kMergeChunks == 2 || kMergeChunks == 4, "GRAPHSAFE_DS4_MERGE_CHUNKS: 1, 2 or 4");
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+// Named barriers in their unaligned forms (barrier.sync / barrier.arrive, no .aligned): one
+// generation of FULL, EMPTY, Q or P_FREE is reached from different static sites (the producer, the
+// math and the PV warpgroups each have their own code), and the aligned forms (bar.sync, bar.arrive)
+// promise that every thread of a generation executes the same instruction. compute-sanitizer
+// synccheck reports the aligned forms here as divergent barriers.
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
 // Diagnostics only (a build with -DGRAPHSAFE_DS4_TIMELINE; bench/ds4_attention_bench prints the
 // breakdown): per CTA, clock64 stamps at the phase edges of the ws kernel, so the per-layer time can
