@@ -8,7 +8,7 @@
 // online softmax per head (base-2 exponentials, running max m and sum l) and O += P V (64 x 512,
 // k = 64); bf16 operands, fp32 accumulation, bf16 P. Split-K (flash-decoding): a request's tiles are
 // split evenly over `splits` CTAs so that a small batch still fills the GPU; the splits merge in
-// split order with one arithmetic, so results are deterministic and path-independent.
+// split order, so results are deterministic run to run.
 //
 // Row sources: paged-direct reads each row's 576 data bytes + 8 scale bytes from the fp8 paged
 // caches and dequantizes them into bf16 (exact: e4m3 * 2^k fits bf16); the workspace path copies
@@ -16,9 +16,9 @@
 // the same order they produce bitwise identical output.
 //
 // Engines (AttentionOptions, kernels.hpp), in attention/:
-//   ws_kernel.cuh        warp-specialized (sm_90a): producer warpgroup (producer.cuh) -> double-
-//                        buffered bf16 K tile -> math + PV warpgroups on wgmma (consumer.cuh) ->
-//                        cluster merge over distributed shared memory (merge.cuh);
+//   ws_kernel.cuh        warp-specialized (sm_90a): a producer warpgroup gathers and dequantizes
+//                        rows into a double-buffered bf16 K tile, a math and a PV warpgroup run S,
+//                        the softmax and PV on wgmma, the splits merge in a thread-block cluster;
 //   mma_sync_kernel.cuh  portable mma.sync engine (any sm_80+ GPU);
 //   combine.cu           the merge through the scratch for other split counts;
 //   config.cuh           tile shapes, shared-memory plans, named barriers; params.cuh the launch

@@ -1,7 +1,7 @@
 // DS4 sparse attention: tile shapes, the shared-memory plans of the two kernels, the named
 // barriers of the warp-specialized kernel and the register split between its roles.
 //
-//   const WsSmemPtrs sm = ws_smem(smem);   // sm.k + stage * kWgKBytes, sm.p, sm.vld + 64 * stage ...
+//   std::uint8_t* k = smem + offsetof(WsSmem, tiles.k);   // stage s at k + s * kWgKBytes
 //   bar_sync(kBarFull0 + stage, kWsThreads);
 #pragma once
 
@@ -125,32 +125,8 @@ static_assert(offsetof(WsSmem, alpha) % 16 == 0 && offsetof(WsSmem, ml) % 16 == 
 constexpr int kWsSmemBytes = sizeof(WsSmem);
 static_assert(kWsSmemBytes == 208384 && kWsSmemBytes <= 227 * 1024, "warp-specialized attention smem");
 
-// The plan's areas as the kernel addresses them: byte pointers from the dynamic shared-memory
-// base (ptxas folds the constant offsets into the loads and stores).
-struct WsSmemPtrs {
-  std::uint8_t* q;       // WsSmem::tiles.q
-  std::uint8_t* k;       // WsSmem::tiles.k: stage s at k + s * kWgKBytes
-  std::uint8_t* p;       // WsSmem::p
-  float2* alpha;         // WsSmem::alpha
-  float4* ml;            // WsSmem::ml
-  int* vld;              // WsSmem::vld: stage s at vld + 64 s
-  float4* recv;          // WsSmem::merge.recv
-  float* mlr;            // WsSmem::merge.ml
-  std::uint8_t* stage;   // WsSmem::merge.stage
-};
-__device__ __forceinline__ WsSmemPtrs ws_smem(std::uint8_t* smem) {
-  WsSmemPtrs s;
-  s.q = smem;
-  s.k = smem + kWgQBytes;
-  s.p = s.k + 2 * kWgKBytes;
-  s.alpha = reinterpret_cast<float2*>(s.p + kWsPBytes);
-  s.ml = reinterpret_cast<float4*>(s.alpha + 128);
-  s.vld = reinterpret_cast<int*>(s.ml + 128);
-  s.recv = reinterpret_cast<float4*>(smem);
-  s.mlr = reinterpret_cast<float*>(smem + 128 * 1024);
-  s.stage = smem + 132 * 1024;
-  return s;
-}
+// The kernel addresses the plan from the dynamic shared-memory base: Q at 0, the K stages after
+// it, then P, alpha, (m, l) and the valid-row flags, each area right after the previous one.
 static_assert(offsetof(WsSmem, tiles.q) == 0 && offsetof(WsSmem, tiles.k) == kWgQBytes &&
                   offsetof(WsSmem, p) == kWgQBytes + 2 * kWgKBytes &&
                   offsetof(WsSmem, alpha) == offsetof(WsSmem, p) + kWsPBytes &&
@@ -158,7 +134,7 @@ static_assert(offsetof(WsSmem, tiles.q) == 0 && offsetof(WsSmem, tiles.k) == kWg
                   offsetof(WsSmem, vld) == offsetof(WsSmem, ml) + 128 * sizeof(float4) &&
                   offsetof(WsSmem, merge.recv) == 0 && offsetof(WsSmem, merge.ml) == 128 * 1024 &&
                   offsetof(WsSmem, merge.stage) == 132 * 1024,
-              "ws_smem: the pointers follow the plan");
+              "ws plan: the areas follow each other as the kernel addresses them");
 
 // Named barriers of the ws kernel (0 is __syncthreads). Each handoff buffer is released by the next
 // handoff the other way.

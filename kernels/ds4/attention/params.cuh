@@ -34,6 +34,7 @@ struct Params {
   const std::int32_t *idx, *lens;
   int width;
   int cluster;       // ws kernel: 1 = the splits of a (request, head group) form a cluster
+  int probe;         // ws kernel: 1 = read the zero row instead of cache rows (a diagnostic; 0 shipped)
 };
 
 // Arguments checked and copied into Params (sparse_attention.cu).
