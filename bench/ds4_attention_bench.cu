@@ -11,6 +11,11 @@
 // max(bytes / copy BW, FLOPs / GEMM rate) with bytes = attended KV rows * 584 + q + out.
 // Prints a table; --json PATH writes records {name, value, unit, baseline_name, baseline_value,
 // ratio, machine, command}.
+#ifdef GRAPHSAFE_DS4_TIMELINE
+// The timeline build instantiates the paged attention with the timeline probe here (the library
+// ships the kernel without instrumentation).
+#include "../kernels/ds4/attention/timeline.cuh"
+#endif
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/layout.hpp>
 
@@ -243,6 +248,15 @@ void print_timeline(const std::vector<unsigned long long>& v, int grid, double c
 
 }  // namespace
 
+// The paged-direct attention under test (in the timeline build: the instrumented kernel).
+void paged_attention(const gk::PagedAttentionArgs& a, cudaStream_t st, const gk::AttentionOptions& o) {
+#ifdef GRAPHSAFE_DS4_TIMELINE
+  tl::sparse_attention_paged(a, st, o);
+#else
+  gk::sparse_attention_paged(a, st, o);
+#endif
+}
+
 int main(int argc, char** argv) {
   std::string json_path;
   std::vector<std::string> types = {"c4", "c128", "c1"};
@@ -276,8 +290,10 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   const char* engine = std::getenv("GRAPHSAFE_DS4_ATTENTION");
   const std::string machine = std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) + " SMs";
-  // sparse_attention.cu's rule: "mma_sync" selects it, anything else the default ws kernel.
+  // GRAPHSAFE_DS4_ATTENTION=mma_sync times the portable engine (the launchers' options argument).
   const std::string engine_name = engine != nullptr && std::string(engine) == "mma_sync" ? "mma_sync" : "ws";
+  gk::AttentionOptions opts;
+  if (engine_name == "mma_sync") opts.engine = gk::AttentionEngine::mma_sync;
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::vector<bench::Record> recs;
@@ -477,14 +493,14 @@ int main(int argc, char** argv) {
 
     pa.swa = swa[0];
     if (ratio > 1) pa.cmp = cmp[0];
-    gk::sparse_attention_paged(pa, st);  // eager first call (one-time attribute setup outside capture)
+    paged_attention(pa, st, opts);  // eager first call (one-time attribute setup outside capture)
     CK(cudaStreamSynchronize(st));
     auto g_idx = capture(st, [&] { for (int l = 0; l < layers; ++l) gk::combine_paged(pi, st); });
     auto g_paged = capture(st, [&] {
       for (int l = 0; l < layers; ++l) {
         pa.swa = swa[l];
         if (ratio > 1) pa.cmp = cmp[l];
-        gk::sparse_attention_paged(pa, st);
+        paged_attention(pa, st, opts);
       }
     });
     const double us_idx = time_graph(g_idx, st, reps) * 1e3 / layers;
@@ -522,7 +538,7 @@ int main(int argc, char** argv) {
     ga.cmp = ratio > 1 ? cmp[0] : swa[0];
     gk::combine_gather(gi, st);
     gk::gather_workspace(ga, st);
-    gk::sparse_attention_workspace(wa, st);  // eager first call
+    gk::sparse_attention_workspace(wa, st, opts);  // eager first call
     CK(cudaStreamSynchronize(st));
     auto g_gather = capture(st, [&] {
       for (int l = 0; l < layers; ++l) {
@@ -530,23 +546,23 @@ int main(int argc, char** argv) {
         ga.cmp = ratio > 1 ? cmp[l] : swa[l];
         gk::combine_gather(gi, st);
         gk::gather_workspace(ga, st);
-        gk::sparse_attention_workspace(wa, st);
+        gk::sparse_attention_workspace(wa, st, opts);
       }
     });
     const double us_gpath = time_graph(g_gather, st, reps) * 1e3 / layers;
-    auto g_wsonly = capture(st, [&] { for (int l = 0; l < layers; ++l) gk::sparse_attention_workspace(wa, st); });
+    auto g_wsonly = capture(st, [&] { for (int l = 0; l < layers; ++l) gk::sparse_attention_workspace(wa, st, opts); });
     const double us_wsonly = time_graph(g_wsonly, st, reps) * 1e3 / layers;
     // correctness smoke: paged vs gather path on the last layer (bitwise equal by construction)
     std::vector<std::uint16_t> o1(std::size_t(B) * H * 512), o2(o1.size());
     pa.swa = swa[layers - 1];
     if (ratio > 1) pa.cmp = cmp[layers - 1];
-    gk::sparse_attention_paged(pa, st);
+    paged_attention(pa, st, opts);
     CK(cudaMemcpyAsync(o1.data(), out, o1.size() * 2, cudaMemcpyDeviceToHost, st));
     ga.swa = swa[layers - 1];
     ga.cmp = ratio > 1 ? cmp[layers - 1] : swa[layers - 1];
     gk::combine_gather(gi, st);
     gk::gather_workspace(ga, st);
-    gk::sparse_attention_workspace(wa, st);
+    gk::sparse_attention_workspace(wa, st, opts);
     CK(cudaMemcpyAsync(o2.data(), out, o2.size() * 2, cudaMemcpyDeviceToHost, st));
     CK(cudaStreamSynchronize(st));
     const bool same = o1 == o2;

@@ -143,6 +143,11 @@ else
       *) echo '^$' ;;
     esac
   }
+  # synccheck sizes its barrier tracking from the compiler's count of cuda::barrier objects, which
+  # is 0 for mbarriers made with inline PTX (the DS4 attention kernel's cluster-merge barriers): it
+  # then warns "overflow of tracked cuda::barrier structures" and the launch fails. A larger table
+  # makes it track them.
+  san_tool_args() { [ "$1" = synccheck ] && echo "--num-cuda-barriers 64"; true; }
   # One job per (tool, test); SANITIZE_JOBS of them at once (separate processes share the GPU fine).
   # Each job's count goes to $OUT/sanitizer_sweep.json: the tool's error count (ERROR SUMMARY;
   # racecheck: the errors of RACECHECK SUMMARY) less the "Program hit" API errors the test makes on
@@ -153,7 +158,7 @@ else
     name=$(basename "$exe")
     log="$OUT/$name.$tool.log"
     GRAPHSAFE_SANITIZER_TOOL=$tool GRAPHSAFE_RELIABILITY_CYCLES=$SAN_CYCLES GRAPHSAFE_RELIABILITY_ROUNDS=$SAN_ROUNDS \
-      timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" --print-limit 100000 --error-exitcode 99 \
+      timeout "$SANITIZER_TIMEOUT" "$SANITIZER" --tool "$tool" $(san_tool_args "$tool") --print-limit 100000 --error-exitcode 99 \
       "$exe" >"$log" 2>&1
     rc=$?
     local counts total expected errors="" note=""

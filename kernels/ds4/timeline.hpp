@@ -1,11 +1,9 @@
-// Diagnostics only: the record layout of the ws attention kernel's timeline build
-// (-DGRAPHSAFE_DS4_TIMELINE; sparse_attention.cu writes it, bench/ds4_attention_bench.cu reads it).
-// One record per CTA launch, kSlots 64-bit values: clock64 stamps at phase edges (globaltimer for
-// entry and exit). Per-tile slots hold 8 tiles (j & 7) unless noted. Not part of the API: the
-// functions below exist only in a timeline build. Internal: not installed, not in include/.
+// Diagnostics only: the record layout of the ws attention kernel's timeline probe (the kernel
+// instantiated with kernels/ds4/attention/timeline.cuh's TimelineProbe writes it; only
+// bench/ds4_attention_bench.cu's -DGRAPHSAFE_DS4_TIMELINE build does, and reads it). One record
+// per CTA launch, kSlots 64-bit values: clock64 stamps at phase edges (globaltimer for entry and
+// exit). Per-tile slots hold 8 tiles (j & 7) unless noted. Internal: not installed, not in include/.
 #pragma once
-
-#include <vector>
 
 namespace graphsafe::ds4::cuda::timeline {
 
@@ -47,8 +45,5 @@ enum Slot : int {
   kSlots = 136,
 };
 constexpr int kMaxRecords = 8192;
-
-void timeline_reset();                       // clears the records
-std::vector<unsigned long long> timeline_read();  // [records][kSlots]
 
 }  // namespace graphsafe::ds4::cuda::timeline
