@@ -28,6 +28,29 @@ void bad_byte_count(std::int64_t count, std::uint64_t element_bytes, std::string
                        std::to_string(element_bytes) + " bytes, which overflows 64-bit byte counts; check the extent");
 }
 
+void align_overflow(std::uint64_t x, std::uint64_t a) {
+  throw overflow_error("graphsafe: " + std::to_string(x) + " bytes rounded up to a multiple of " + std::to_string(a) +
+                       " does not fit in 64 bits; check the size");
+}
+
+void check_options(const ArenaOptions& o) {
+  // The largest byte count the arena serves (reserve, allocate, requests): slab sizes up to it
+  // round up to 2 MiB without wrapping.
+  constexpr std::uint64_t kMaxBytes = 1ull << 62;
+  // Bytes of guard behind every workspace in debug mode: far above any useful guard, and small
+  // enough that a request plus its guard cannot overflow.
+  constexpr std::uint64_t kMaxCanary = 1ull << 30;
+  if (o.growth_bytes == 0 || o.growth_bytes > kMaxBytes)
+    throw invalid_argument_error("graphsafe: ArenaOptions::growth_bytes = " + std::to_string(o.growth_bytes) +
+                                 " is out of range; the minimum slab size must be >= 1 (slabs are rounded up to 2 MiB) "
+                                 "and <= " + std::to_string(kMaxBytes) + " (2^62)");
+  if (o.canary_bytes > kMaxCanary)
+    throw invalid_argument_error("graphsafe: ArenaOptions::canary_bytes = " + std::to_string(o.canary_bytes) +
+                                 " exceeds the limit " + std::to_string(kMaxCanary) +
+                                 " (1 GiB) for the guard region behind each workspace; a few hundred bytes catch "
+                                 "overruns");
+}
+
 // ---- deferred releases: one parked block per thread and arena -----------------------------------
 
 std::mutex& deferred_registry_mutex() {

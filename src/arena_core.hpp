@@ -39,7 +39,14 @@ class SpinLock {
 };
 
 std::string site_of(const std::source_location& loc);
-inline std::uint64_t align_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
+// x rounded up to a multiple of a; throws overflow_error naming both rather than wrap to a small size.
+[[noreturn]] void align_overflow(std::uint64_t x, std::uint64_t a);
+inline std::uint64_t align_up(std::uint64_t x, std::uint64_t a) {
+  if (x > ~std::uint64_t{0} - (a - 1)) [[unlikely]] align_overflow(x, a);
+  return (x + a - 1) / a * a;
+}
+// Refuses options out of range (invalid_argument_error naming the option, its value and the limit).
+void check_options(const ArenaOptions& o);
 // count * element_bytes, refusing negative counts, element size 0 and byte counts above 2^62 (the
 // check is inline: it runs on every request; the throwing part is not).
 [[noreturn]] void bad_byte_count(std::int64_t count, std::uint64_t element_bytes, std::string_view name);
@@ -127,6 +134,7 @@ void debug_graph_destroyed(GraphState& g) noexcept;
 class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
  public:
   ArenaCore(Backend& b, ArenaOptions o) : backend(b), opts(o), id(next_id()) {
+    check_options(opts);
     if (opts.debug) {
       opts.always_check_capture = true;
       guard_bytes = opts.canary_bytes;

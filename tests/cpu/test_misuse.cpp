@@ -1,0 +1,116 @@
+// Misuse a careful user can make by mistake, and errors thrown halfway through an operation. Each
+// case is refused with a typed error that names the value and the limit, and leaves every arena,
+// backend and graph involved consistent and serving:
+//
+//   * a capture family used with an arena other than the one that made it (plain and virtual)
+//   * the element extent of sum_over / max_over used outside its fold, or inside another batch's fold
+//   * ArenaOptions out of range (slab sizes that wrap when rounded up, guard regions that overflow)
+//   * bindings a replay cannot honour (a batch vector of the wrong length, an unbound batch symbol)
+//     with every sizing policy, including those whose guards are discharged
+//   * a backend that fails to free a slab in the middle of trim()
+//   * family figures read while another thread holds the arena's lock
+#include <catch2/catch.hpp>
+
+#include <graphsafe/graphsafe.hpp>
+#include <graphsafe/virtual_memory.hpp>
+
+#include "arena_core.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace graphsafe;
+using Catch::Contains;
+
+namespace {
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+
+std::string arena_label(const Arena& a) { return "arena #" + std::to_string(a.core().id); }
+
+// what() of the graphsafe error `f` throws as E; fails the test when it throws nothing or another type.
+template <class E>
+std::string thrown(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    FAIL("threw another type: " << e.what());
+  }
+  FAIL("threw nothing");
+  return {};
+}
+
+bool same_stats(const ArenaStats& a, const ArenaStats& b) {
+  return a.slab_bytes == b.slab_bytes && a.slabs == b.slabs && a.free_bytes == b.free_bytes &&
+         a.largest_free == b.largest_free && a.eager_bytes == b.eager_bytes && a.region_bytes == b.region_bytes &&
+         a.families == b.families && a.live_graphs == b.live_graphs && a.active_captures == b.active_captures;
+}
+
+// One capture of a workspace of n x 8 bytes and a host "kernel" counting its launches.
+struct Step {
+  Arena& arena;
+  HostStream& s;
+  Symbol n;
+  int* launches;
+  void operator()(const Bindings& b) const {
+    auto w = arena.request(s, "kv", Extent(n), 8, capacity_bound, b);
+    int* l = launches;
+    s.launch([l] { ++*l; });
+  }
+};
+
+}  // namespace
+
+// ---- ArenaOptions ---------------------------------------------------------------------------------
+
+TEST_CASE("misuse: ArenaOptions out of range are refused when the arena is made, naming the value and the limit",
+          "[misuse][options]") {
+  HostBackend backend;
+  struct Row {
+    const char* name;
+    ArenaOptions o;
+    std::vector<std::string> fragments;
+  };
+  const std::vector<Row> rows = {
+      {"growth_bytes that wraps to 0 when rounded up to 2 MiB", ArenaOptions{.growth_bytes = ~0ull},
+       {"growth_bytes = 18446744073709551615", "4611686018427387904"}},
+      {"growth_bytes one above the limit", ArenaOptions{.growth_bytes = (1ull << 62) + 1},
+       {"growth_bytes = 4611686018427387905", "4611686018427387904"}},
+      {"growth_bytes 0 (zero-byte slabs)", ArenaOptions{.growth_bytes = 0}, {"growth_bytes = 0", ">= 1"}},
+      {"canary_bytes that overflow bytes + guard", ArenaOptions{.debug = true, .canary_bytes = ~0ull - 100},
+       {"canary_bytes = 18446744073709551515", "1073741824"}},
+      {"canary_bytes above the limit, debug off", ArenaOptions{.debug = false, .canary_bytes = (1ull << 30) + 1},
+       {"canary_bytes = 1073741825", "1073741824"}},
+  };
+  for (const Row& r : rows) {
+    INFO(r.name);
+    const std::string what = thrown<invalid_argument_error>([&] { Arena arena(backend, r.o); });
+    for (const auto& f : r.fragments) CHECK_THAT(what, Contains(f));
+  }
+  CHECK(backend.bytes_in_use() == 0);
+  // The limits themselves are accepted, and such an arena serves (slabs rounded up to 2 MiB).
+  Arena edge(backend, ArenaOptions{.growth_bytes = 1, .report_findings = false, .debug = false,
+                                   .canary_bytes = 1ull << 30});
+  HostStream s;
+  auto w = edge.request(s, "w", 100, 4, capacity_bound, Bindings());
+  CHECK(w.bytes() == 400);
+  CHECK(edge.stats().slab_bytes == 2 * kMiB);
+}
+
+TEST_CASE("misuse: align_up refuses a value that would wrap past 2^64", "[misuse][options]") {
+  CHECK(detail::align_up(1, 256) == 256);
+  CHECK(detail::align_up(1ull << 62, 2 * kMiB) == 1ull << 62);
+  CHECK(detail::align_up(~0ull - 255, 256) == ~0ull - 255);
+  CHECK_THAT(thrown<overflow_error>([] { (void)detail::align_up(~0ull - 100, 2 * kMiB); }),
+             Contains("18446744073709551515") && Contains("2097152"));
+}
+
