@@ -631,6 +631,8 @@ void Arena::deallocate(Stream s, void* p, std::uint64_t bytes) { core_->dealloca
 CaptureFamily Arena::family(std::string name) {
   auto f = std::make_shared<detail::Family>();
   f->name = std::move(name);
+  f->arena_id = core_->id;
+  f->arena = core_;
   return CaptureFamily(std::move(f));
 }
 

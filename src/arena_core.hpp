@@ -61,6 +61,10 @@ inline std::uint64_t checked_bytes(std::int64_t count, std::uint64_t element_byt
 
 struct Family {
   std::string name;
+  // The arena that made the family (Arena::family, or a graph's own family): set at creation, never
+  // changed. A capture through another arena is refused (its region lives in this arena's slabs).
+  std::uint64_t arena_id = 0;      // ArenaCore::id
+  std::weak_ptr<ArenaCore> arena;  // its lock guards the fields below
   Block* region = nullptr;  // state region while any graph of the family lives
   std::uint64_t graphs = 0;
   bool capturing = false;

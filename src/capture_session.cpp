@@ -24,6 +24,12 @@ void unregister(SessionState& st) {
 
 void start_session(SessionState& st, const Bindings& b) {
   ArenaCore& core = *st.core;
+  if (st.family->arena_id != core.id)
+    throw invalid_argument_error(
+        "graphsafe: capture family '" + st.family->name + "' " +
+        (st.family->arena_id ? "belongs to arena #" + std::to_string(st.family->arena_id) : std::string("has no arena")) +
+        " but this capture is on arena #" + std::to_string(core.id) +
+        "; a family's graphs share one region of one arena -- make the family with this arena's family()");
   if (core.backend.capture_info(st.stream).active)
     throw capture_state_error("graphsafe: this stream is already capturing; a capture cannot start inside another "
                               "(end the outer capture first, or capture on another stream)");
@@ -110,10 +116,12 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
   return g;
 }
 
-std::shared_ptr<Family> family_of(const CaptureOptions& o) {
+std::shared_ptr<Family> family_of(const CaptureOptions& o, const std::shared_ptr<ArenaCore>& core) {
   if (o.family) return o.family->impl();
   auto f = std::make_shared<Family>();
   f->name = "graph";
+  f->arena_id = core->id;
+  f->arena = core;
   return f;
 }
 
@@ -123,7 +131,7 @@ CaptureSession::CaptureSession(Arena& arena, Stream s, const Bindings& b, Captur
     : state_(std::make_unique<detail::SessionState>()) {
   state_->core = arena.core().shared_from_this();
   state_->stream = s;
-  state_->family = detail::family_of(opts);
+  state_->family = detail::family_of(opts, state_->core);
   state_->opts = std::move(opts);
   detail::start_session(*state_, b);
 }

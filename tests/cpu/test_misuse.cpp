@@ -70,6 +70,73 @@ struct Step {
 
 }  // namespace
 
+// ---- a family belongs to one arena ----------------------------------------------------------------
+
+TEST_CASE("misuse: a capture family made by one arena is refused by another, naming both arenas", "[misuse][family]") {
+  HostBackend backend;
+  const ArenaOptions o{.growth_bytes = 2 * kMiB, .report_findings = false};
+  Arena a(backend, o), b(backend, o);
+  HostStream s;
+  a.reserve(4 * kMiB, s);
+  b.reserve(4 * kMiB, s);
+  const Symbol n = Symbol::dynamic("misuse.n", 1024);
+  Bindings bind;
+  bind.set(n, 10);
+  int launches = 0;
+  auto fam = a.family("decode");
+  CapturedGraph ga = capture(a, s, bind, Step{a, s, n, &launches}, CaptureOptions{.family = fam});
+  const ArenaStats a_before = a.stats(), b_before = b.stats();
+
+  const std::string what = thrown<invalid_argument_error>(
+      [&] { capture(b, s, bind, Step{b, s, n, &launches}, CaptureOptions{.family = fam}); });
+  CHECK_THAT(what, Contains("family 'decode'") && Contains(arena_label(a)) && Contains(arena_label(b)) &&
+                       Contains("family()"));
+  // Nothing moved: neither arena's books, nor the graph of the family's own arena.
+  CHECK(same_stats(a_before, a.stats()));
+  CHECK(same_stats(b_before, b.stats()));
+  CHECK(a.core().fl.validate().empty());
+  CHECK(b.core().fl.validate().empty());
+  CHECK_FALSE(s.capturing());
+  CHECK(fam.graphs() == 1);
+  ga.replay(bind, s);
+  CHECK(launches == 1);
+
+  // A graph's own family (captured without one) belongs to its arena too.
+  CapturedGraph solo = capture(a, s, bind, Step{a, s, n, &launches});
+  CHECK_THROWS_AS(capture(b, s, bind, Step{b, s, n, &launches}, CaptureOptions{.family = solo.family()}),
+                  invalid_argument_error);
+  // Each arena still captures into its own families.
+  CapturedGraph ga2 = capture(a, s, bind, Step{a, s, n, &launches}, CaptureOptions{.family = fam});
+  CapturedGraph gb = capture(b, s, bind, Step{b, s, n, &launches}, CaptureOptions{.family = b.family("decode")});
+  ga2.replay(bind, s);
+  gb.replay(bind, s);
+  CHECK(launches == 3);
+  CHECK(fam.graphs() == 2);
+}
+
+TEST_CASE("misuse: a capture family is refused by a second arena that shares its VirtualMemory", "[misuse][family][virtual]") {
+  HostBackend backend;
+  auto vm = std::make_shared<HostVirtualMemory>(HostVirtualMemoryOptions{.granularity = 64 << 10});
+  const ArenaOptions o{.report_findings = false, .virtual_memory = vm, .virtual_reserve_bytes = 1ull << 30};
+  Arena a(backend, o), b(backend, o);
+  HostStream s;
+  const Symbol n = Symbol::dynamic("misuse.vn", 1024);
+  Bindings bind;
+  bind.set(n, 10);
+  int launches = 0;
+  auto fam = a.family("prefill");
+  CapturedGraph ga = capture(a, s, bind, Step{a, s, n, &launches}, CaptureOptions{.family = fam});
+  const std::uint64_t committed = a.committed_bytes();
+  const std::string what = thrown<invalid_argument_error>(
+      [&] { capture(b, s, bind, Step{b, s, n, &launches}, CaptureOptions{.family = fam}); });
+  CHECK_THAT(what, Contains("family 'prefill'") && Contains(arena_label(a)) && Contains(arena_label(b)));
+  CHECK(b.committed_bytes() == 0);
+  CHECK(a.committed_bytes() == committed);
+  CHECK(fam.graphs() == 1);
+  ga.replay(bind, s);
+  CHECK(launches == 1);
+}
+
 // ---- ArenaOptions ---------------------------------------------------------------------------------
 
 TEST_CASE("misuse: ArenaOptions out of range are refused when the arena is made, naming the value and the limit",
