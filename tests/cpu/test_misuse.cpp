@@ -137,6 +137,50 @@ TEST_CASE("misuse: a capture family is refused by a second arena that shares its
   CHECK(launches == 1);
 }
 
+// ---- the element extent stays in its fold ------------------------------------------------------------
+
+TEST_CASE("misuse: an element extent used outside its fold is refused, and symbols() lists its batch", "[misuse][extent]") {
+  const Symbol R1 = Symbol::fixed("misuse.R1"), R2 = Symbol::fixed("misuse.R2");
+  const Symbol L1 = Symbol::batch("misuse.L1", R1, 1000), L2 = Symbol::batch("misuse.L2", R2, 1000);
+  Bindings b;
+  b.set(R1, 2).set(L1, {1, 5}).set(R2, 3).set(L2, {600, 700, 600});
+  Extent leaked = 0;
+  const Extent own = sum_over(L1, [&](const Extent& l) {
+    leaked = l;
+    return l;
+  });
+  CHECK(own.evaluate(b) == 6);  // the fold that made the element is fine
+
+  // Outside any fold: an error naming the batch, at evaluation and at bounding (no null dereference).
+  const Extent escaped = leaked + 1;
+  CHECK_THAT(thrown<invalid_argument_error>([&] { (void)escaped.evaluate(b); }),
+             Contains("'misuse.L1'") && Contains("outside the sum_over/max_over"));
+  CHECK_THAT(thrown<invalid_argument_error>([&] { (void)escaped.capacity_bound(b); }), Contains("'misuse.L1'"));
+  CHECK_THROWS_AS((escaped + sum_over(L2, [](const Extent& l) { return l; })).evaluate(b), invalid_argument_error);
+  // ... and through the arena (the policy evaluates it).
+  HostBackend backend;
+  Arena arena(backend, ArenaOptions{.report_findings = false});
+  HostStream s;
+  CHECK_THROWS_AS(arena.request(s, "leak", escaped, 4, exact_at_capture, b), invalid_argument_error);
+  CHECK(arena.stats().eager_blocks == 0);
+  // symbols() does not hide the batch (guards and replays must see it).
+  const std::vector<Symbol> syms = escaped.symbols();
+  CHECK(std::find(syms.begin(), syms.end(), L1) != syms.end());
+  CHECK(std::find(syms.begin(), syms.end(), R1) != syms.end());
+  CHECK(escaped.dynamic_symbols() == std::vector<Symbol>{L1});
+
+  // Inside another batch's fold it would read that batch's values in place of its own: refused when
+  // the fold is built.
+  CHECK_THAT(thrown<invalid_argument_error>([&] { sum_over(L2, [&](const Extent& l) { return l + leaked; }); }),
+             Contains("'misuse.L1'") && Contains("'misuse.L2'"));
+  CHECK_THAT(thrown<invalid_argument_error>([&] { max_over(L2, [&](const Extent&) { return leaked * 2; }); }),
+             Contains("'misuse.L1'") && Contains("'misuse.L2'"));
+  CHECK_THROWS_AS(sum_over(L2, [&](const Extent& l) { return min(l, ceil_div(leaked, 4)); }), invalid_argument_error);
+  // The same batch's element, taken from another fold over that batch, is that batch's element.
+  const Extent twice = sum_over(L1, [&](const Extent& l) { return l + leaked; });
+  CHECK(twice.evaluate(b) == 2 * (1 + 5));
+}
+
 // ---- ArenaOptions ---------------------------------------------------------------------------------
 
 TEST_CASE("misuse: ArenaOptions out of range are refused when the arena is made, naming the value and the limit",
