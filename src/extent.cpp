@@ -92,10 +92,7 @@ Symbol sym_of(std::uint32_t id) { return ExtentNode::symbol(id); }
 
 std::size_t batch_length(const Bindings& b, Symbol batch, Symbol length, std::span<const std::int64_t> v) {
   const auto len = b.value(length);
-  if (static_cast<std::int64_t>(v.size()) != len)
-    throw invalid_argument_error("graphsafe: batch symbol '" + batch.name() + "' has " + std::to_string(v.size()) +
-                                 " values but its length '" + length.name() + "' is " + std::to_string(len) +
-                                 "; bind one value per request (pad inactive requests with 0)");
+  if (static_cast<std::int64_t>(v.size()) != len) detail::bad_batch_length(batch, v.size(), len);
   return v.size();
 }
 

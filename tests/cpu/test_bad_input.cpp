@@ -157,11 +157,14 @@ std::vector<Row> rows() {
                [](Ctx& c) -> F { return [&c] { (void)(Extent(std::int64_t{1} << 62) * 4).evaluate(c.b); }; }});
   r.push_back({"Extent::evaluate unbound symbol", Kind::unbound, {"bad.unbounded", "not bound"},
                [](Ctx& c) -> F { return [&c] { (void)Extent(c.unb).evaluate(c.b); }; }});
-  r.push_back({"sum_over with the wrong batch length", Kind::invalid, {"3 values", "'bad.B' is 2"},
+  r.push_back({"Bindings::set with the wrong batch length", Kind::invalid, {"3 values", "'bad.B' is 2"},
+               [](Ctx& c) -> F { return [&c] { Bindings z = c.b; z.set(c.seq, {1, 2, 3}); }; }});
+  r.push_back({"sum_over with the wrong batch length (bound before its length)", Kind::invalid,
+               {"3 values", "'bad.B' is 2"},
                [](Ctx& c) -> F {
                  return [&c] {
-                   Bindings z = c.b;
-                   z.set(c.seq, {1, 2, 3});
+                   Bindings z;
+                   z.set(c.seq, {1, 2, 3}).set(c.B, 2);
                    (void)sum_over(c.seq, [](const Extent& e) { return e; }).evaluate(z);
                  };
                }});

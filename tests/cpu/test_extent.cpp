@@ -300,15 +300,20 @@ TEST_CASE("extent: every misuse is a typed error naming the value and the limit"
          Bindings().set(s.L, std::span<const std::int32_t>(v));
        }),
        {"seq_lens[0] = 40", "capacity 16"}},
-      {"batch vector shorter than its length", throws<invalid_argument_error>([&] {
+      {"batch vector shorter than its bound length", throws<invalid_argument_error>([&] {
          Bindings b = s.bind();
          b.set(s.L, {1, 2});
+       }),
+       {"'seq_lens' has 2 values", "length 'batch' is 3"}},
+      {"batch vector shorter than its length, bound before it", throws<invalid_argument_error>([&] {
+         Bindings b;
+         b.set(s.L, {1, 2}).set(s.B, 3);
          sum_over(s.L, [](const Extent& l) { return l; }).evaluate(b);
        }),
        {"'seq_lens' has 2 values", "length 'batch' is 3"}},
-      {"batch vector longer than its length", throws<invalid_argument_error>([&] {
-         Bindings b = s.bind();
-         b.set(s.L, {1, 2, 3, 4});
+      {"batch vector longer than its length, bound before it", throws<invalid_argument_error>([&] {
+         Bindings b;
+         b.set(s.L, {1, 2, 3, 4}).set(s.B, 3);
          max_over(s.L, [](const Extent& l) { return l; }).evaluate(b);
        }),
        {"4 values", "is 3"}},

@@ -225,3 +225,64 @@ TEST_CASE("misuse: align_up refuses a value that would wrap past 2^64", "[misuse
              Contains("18446744073709551515") && Contains("2097152"));
 }
 
+// ---- bindings a replay cannot honour -------------------------------------------------------------------
+
+TEST_CASE("misuse: Bindings::set refuses a batch vector whose length differs from its bound count", "[misuse][bindings]") {
+  const Symbol R = Symbol::fixed("misuse.R");
+  const Symbol L = Symbol::batch("misuse.L", R, 64);
+  Bindings b;
+  b.set(R, 2).set(L, {3, 4});
+  CHECK_THAT(thrown<invalid_argument_error>([&] { b.set(L, {1, 1, 1, 1, 1, 1, 1}); }),
+             Contains("'misuse.L' has 7 values") && Contains("length 'misuse.R' is 2"));
+  const std::vector<std::int32_t> one = {9};
+  CHECK_THAT(thrown<invalid_argument_error>([&] { b.set(L, std::span<const std::int32_t>(one)); }),
+             Contains("1 values") && Contains("is 2"));
+  CHECK(b.describe(L) == "misuse.L = [3, 4]");  // unchanged
+  // The count re-bound first, then the vector: accepted (the new count is the one that matters).
+  b.set(R, 3).set(L, {1, 2, 3});
+  CHECK(b.values(L).size() == 3);
+}
+
+TEST_CASE("misuse: a replay is refused for bindings its extents reject, with every policy", "[misuse][bindings][replay]") {
+  HostBackend backend;
+  Arena arena(backend, ArenaOptions{.growth_bytes = 2 * kMiB, .report_findings = false});
+  HostStream s;
+  const Symbol R = Symbol::fixed("misuse.rR");
+  const Symbol L = Symbol::batch("misuse.rL", R, 64);
+  const Extent need = sum_over(L, [](const Extent& l) { return l; });
+  Bindings at_capture;
+  at_capture.set(R, 2).set(L, {3, 4});
+  const StaticQueryBound bound(Extent(R) * 64);  // equals the capacity bound: replay-safe, no live guard
+  struct Row {
+    const char* name;
+    const SizingPolicy* policy;
+    std::size_t guards;
+  };
+  const std::vector<Row> rows = {{"capacity_bound", &capacity_bound, 0},
+                                 {"static_query_bound", &bound, 0},
+                                 {"exact_at_capture", &exact_at_capture, 1}};
+  for (const Row& r : rows) {
+    INFO(r.name);
+    int launches = 0;
+    CapturedGraph g = capture(arena, s, at_capture, [&](const Bindings& b) {
+      auto w = arena.request(s, "kv", need, 4, *r.policy, b);
+      s.launch([&launches] { ++launches; });
+    });
+    REQUIRE(g.plan().guard_count() == r.guards);
+    // 7 values for R = 2 (bound in that order, so set() could not see it).
+    Bindings seven;
+    seven.set(L, {1, 1, 1, 1, 1, 1, 1}).set(R, 2);
+    CHECK_THAT(thrown<invalid_argument_error>([&] { g.replay(seven, s); }),
+               Contains("'misuse.rL' has 7 values") && Contains("length 'misuse.rR' is 2"));
+    // L unbound.
+    Bindings unbound;
+    unbound.set(R, 2);
+    CHECK_THAT(thrown<unbound_symbol_error>([&] { g.replay(unbound, s); }), Contains("'misuse.rL'"));
+    CHECK(launches == 0);  // neither replay launched
+    Bindings good;
+    good.set(R, 2).set(L, {0, 7});
+    g.replay(good, s);
+    CHECK(launches == 1);
+  }
+}
+
