@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <mutex>
 
 namespace graphsafe {
@@ -469,10 +470,29 @@ void ArenaCore::trim(Stream s) {
     collect_deferred();  // releases parked since make_free_blocks_ready (remove_free_slabs flushes the cache)
     slabs = fl.remove_free_slabs();
   }
+  // A slab the backend fails to free stays the arena's (back in the free list, as it was) and the
+  // rest are still freed; then the first error is rethrown. Nothing is lost either way.
+  std::vector<std::pair<std::uintptr_t, std::uint64_t>> kept;
+  kept.reserve(slabs.size());
+  std::exception_ptr first;
   for (auto [addr, size] : slabs) {
-    if (opts.debug) debug_slab_removed(addr);
-    backend.free_slab(reinterpret_cast<void*>(addr), size, s);
+    try {
+      if (opts.debug) debug_slab_removed(addr);
+      backend.free_slab(reinterpret_cast<void*>(addr), size, s);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+      kept.emplace_back(addr, size);
+    }
   }
+  if (!first) return;
+  {
+    std::lock_guard g(lock);
+    for (auto [addr, size] : kept) {
+      fl.add_slab(addr, size, s.handle());
+      if (opts.debug) debug_slab_added(addr, size);
+    }
+  }
+  std::rethrow_exception(first);
 }
 
 void ArenaCore::begin_session(SessionState& st) {

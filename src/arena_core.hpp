@@ -128,6 +128,9 @@ struct GraphState {
 };
 
 std::string graph_label(const GraphState& g);
+// Destroys the graph's executable and gives its family's region back when it was the last graph
+// (src/captured_graph.cpp). No-op for a graph already destroyed.
+void destroy_graph(GraphState& g) noexcept;
 // Debug mode hooks (src/debug_arena.cpp), called only when the arena's opts.debug is on.
 std::size_t debug_report_mark();
 void debug_graph_created(GraphState& g, std::size_t report_mark);

@@ -11,7 +11,6 @@ void start_session(SessionState& st, const Bindings& b);
 void abandon_session(SessionState& st) noexcept;
 std::unique_ptr<GraphState> finish_session(SessionState& st);
 
-namespace {
 void destroy_graph(GraphState& g) noexcept {
   if (!g.handle.exec && !g.handle.graph) return;
   ArenaCore& core = *g.core;
@@ -31,7 +30,6 @@ void destroy_graph(GraphState& g) noexcept {
   core.graph_destroyed(*g.family, g.stream.handle());
   if (g.family->virt) [[unlikely]] virtual_graph_destroyed(core, *g.family);  // idle family: chunks to the pool
 }
-}  // namespace
 }  // namespace detail
 
 CapturedGraph::CapturedGraph(std::unique_ptr<detail::GraphState> s) : state_(std::move(s)) {}

@@ -286,3 +286,57 @@ TEST_CASE("misuse: a replay is refused for bindings its extents reject, with eve
   }
 }
 
+// ---- errors halfway through trim() ------------------------------------------------------------------------
+
+namespace {
+// Host backend whose free_slab fails the next `fail_frees` times (a driver error mid-trim).
+class FailingFreeBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "host"; }
+  void* allocate_slab(std::uint64_t bytes, Stream s) override { return host.allocate_slab(bytes, s); }
+  void free_slab(void* p, std::uint64_t bytes, Stream s) override {
+    if (fail_frees > 0) {
+      --fail_frees;
+      throw graphsafe::error("graphsafe test: free_slab failed");
+    }
+    host.free_slab(p, bytes, s);
+  }
+  CaptureInfo capture_info(Stream s) const override { return host.capture_info(s); }
+  void begin_capture(Stream s, CaptureMode m) override { host.begin_capture(s, m); }
+  GraphHandle end_capture(Stream s) override { return host.end_capture(s); }
+  void abort_capture(Stream s) noexcept override { host.abort_capture(s); }
+  void launch(const GraphHandle& g, Stream s) override { host.launch(g, s); }
+  void destroy(GraphHandle& g) noexcept override { host.destroy(g); }
+  void order_after(Stream a, Stream b) override { host.order_after(a, b); }
+  void synchronize(Stream s) override { host.synchronize(s); }
+  HostBackend host;
+  int fail_frees = 0;
+};
+}  // namespace
+
+TEST_CASE("misuse: trim() that fails to free one slab keeps it and frees the others", "[misuse][trim]") {
+  FailingFreeBackend backend;
+  Arena arena(backend, ArenaOptions{.growth_bytes = 2 * kMiB, .report_findings = false});
+  HostStream s;
+  {
+    // Three slabs: each 1.5 MiB workspace needs a fresh 2 MiB slab.
+    std::vector<Workspace> ws;
+    for (int i = 0; i < 3; ++i) ws.push_back(arena.request(s, "w", Extent(static_cast<std::int64_t>(3 * kMiB / 2)), 1, capacity_bound, Bindings()));
+  }
+  REQUIRE(arena.stats().slabs == 3);
+  REQUIRE(backend.host.bytes_in_use() == 6 * kMiB);
+  backend.fail_frees = 1;
+  CHECK_THROWS_WITH(arena.trim(s), Contains("free_slab failed"));
+  // Every byte the backend holds is still the arena's (the slab that failed stays, usable).
+  CHECK(arena.stats().slab_bytes == backend.host.bytes_in_use());
+  CHECK(arena.stats().slabs == 1);
+  CHECK(arena.stats().free_bytes == arena.stats().slab_bytes);
+  CHECK(arena.core().fl.validate().empty());
+  const std::uint64_t allocations = backend.host.slab_allocations();
+  { auto w = arena.request(s, "again", Extent(static_cast<std::int64_t>(kMiB)), 1, capacity_bound, Bindings()); }
+  CHECK(backend.host.slab_allocations() == allocations);
+  arena.trim(s);
+  CHECK(backend.host.bytes_in_use() == 0);
+  CHECK(arena.stats().slab_bytes == 0);
+}
+
