@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "../support/forwarding_backend.hpp"
+
 using namespace graphsafe;
 
 namespace {
@@ -33,32 +35,18 @@ namespace {
 
 // Host backend that counts live instantiated graphs and arms the allocation failure as soon as
 // end_capture has instantiated one.
-class ArmingBackend final : public Backend {
+class ArmingBackend final : public graphsafe_test::ForwardingBackend {
  public:
-  std::string_view name() const override { return "host"; }
-  void* allocate_slab(std::uint64_t bytes, Stream s) override { return host.allocate_slab(bytes, s); }
-  void free_slab(void* p, std::uint64_t bytes, Stream s) override { host.free_slab(p, bytes, s); }
-  CaptureInfo capture_info(Stream s) const override { return host.capture_info(s); }
-  void begin_capture(Stream s, CaptureMode m) override { host.begin_capture(s, m); }
   GraphHandle end_capture(Stream s) override {
     GraphHandle h = host.end_capture(s);
     ++live_graphs;
     countdown = fail_at;
     return h;
   }
-  void abort_capture(Stream s) noexcept override { host.abort_capture(s); }
-  void launch(const GraphHandle& g, Stream s) override { host.launch(g, s); }
   void destroy(GraphHandle& g) noexcept override {
     if (g.exec) --live_graphs;
     host.destroy(g);
   }
-  void order_after(Stream a, Stream b) override { host.order_after(a, b); }
-  void synchronize(Stream s) override { host.synchronize(s); }
-  void fill_bytes(void* p, std::uint64_t bytes, std::uint8_t v, Stream s) override { host.fill_bytes(p, bytes, v, s); }
-  void copy_to_host(void* d, const void* src, std::uint64_t bytes, Stream s) override {
-    host.copy_to_host(d, src, bytes, s);
-  }
-  HostBackend host;
   long fail_at = -1;
   int live_graphs = 0;
 };

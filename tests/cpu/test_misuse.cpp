@@ -14,6 +14,7 @@
 #include <graphsafe/graphsafe.hpp>
 #include <graphsafe/virtual_memory.hpp>
 
+#include "../support/forwarding_backend.hpp"
 #include "arena_core.hpp"
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,16 +57,21 @@ bool same_stats(const ArenaStats& a, const ArenaStats& b) {
          a.families == b.families && a.live_graphs == b.live_graphs && a.active_captures == b.active_captures;
 }
 
-// One capture of a workspace of n x 8 bytes and a host "kernel" counting its launches.
-struct Step {
-  Arena& arena;
-  HostStream& s;
+// A dynamic symbol n (capacity 1024) bound to 10, and captures of one workspace of n x 8 bytes
+// followed by a host "kernel" that counts its launches.
+struct Scene {
   Symbol n;
-  int* launches;
-  void operator()(const Bindings& b) const {
-    auto w = arena.request(s, "kv", Extent(n), 8, capacity_bound, b);
-    int* l = launches;
-    s.launch([l] { ++*l; });
+  Bindings bind;
+  int launches = 0;
+  explicit Scene(const char* name) : n(Symbol::dynamic(name, 1024)) { bind.set(n, 10); }
+  CapturedGraph capture_in(Arena& arena, HostStream& s, std::optional<CaptureFamily> family = std::nullopt) {
+    return capture(
+        arena, s, bind,
+        [this, &arena, &s](const Bindings& b) {
+          auto w = arena.request(s, "kv", Extent(n), 8, capacity_bound, b);
+          s.launch([this] { ++launches; });
+        },
+        CaptureOptions{.family = std::move(family)});
   }
 };
 
@@ -79,16 +86,13 @@ TEST_CASE("misuse: a capture family made by one arena is refused by another, nam
   HostStream s;
   a.reserve(4 * kMiB, s);
   b.reserve(4 * kMiB, s);
-  const Symbol n = Symbol::dynamic("misuse.n", 1024);
-  Bindings bind;
-  bind.set(n, 10);
-  int launches = 0;
+  Scene sc("misuse.n");
   auto fam = a.family("decode");
-  CapturedGraph ga = capture(a, s, bind, Step{a, s, n, &launches}, CaptureOptions{.family = fam});
+  CapturedGraph ga = sc.capture_in(a, s, fam);
   const ArenaStats a_before = a.stats(), b_before = b.stats();
 
   const std::string what = thrown<invalid_argument_error>(
-      [&] { capture(b, s, bind, Step{b, s, n, &launches}, CaptureOptions{.family = fam}); });
+      [&] { sc.capture_in(b, s, fam); });
   CHECK_THAT(what, Contains("family 'decode'") && Contains(arena_label(a)) && Contains(arena_label(b)) &&
                        Contains("family()"));
   // Nothing moved: neither arena's books, nor the graph of the family's own arena.
@@ -98,19 +102,18 @@ TEST_CASE("misuse: a capture family made by one arena is refused by another, nam
   CHECK(b.core().fl.validate().empty());
   CHECK_FALSE(s.capturing());
   CHECK(fam.graphs() == 1);
-  ga.replay(bind, s);
-  CHECK(launches == 1);
+  ga.replay(sc.bind, s);
+  CHECK(sc.launches == 1);
 
   // A graph's own family (captured without one) belongs to its arena too.
-  CapturedGraph solo = capture(a, s, bind, Step{a, s, n, &launches});
-  CHECK_THROWS_AS(capture(b, s, bind, Step{b, s, n, &launches}, CaptureOptions{.family = solo.family()}),
-                  invalid_argument_error);
+  CapturedGraph solo = sc.capture_in(a, s);
+  CHECK_THROWS_AS(sc.capture_in(b, s, solo.family()), invalid_argument_error);
   // Each arena still captures into its own families.
-  CapturedGraph ga2 = capture(a, s, bind, Step{a, s, n, &launches}, CaptureOptions{.family = fam});
-  CapturedGraph gb = capture(b, s, bind, Step{b, s, n, &launches}, CaptureOptions{.family = b.family("decode")});
-  ga2.replay(bind, s);
-  gb.replay(bind, s);
-  CHECK(launches == 3);
+  CapturedGraph ga2 = sc.capture_in(a, s, fam);
+  CapturedGraph gb = sc.capture_in(b, s, b.family("decode"));
+  ga2.replay(sc.bind, s);
+  gb.replay(sc.bind, s);
+  CHECK(sc.launches == 3);
   CHECK(fam.graphs() == 2);
 }
 
@@ -120,21 +123,18 @@ TEST_CASE("misuse: a capture family is refused by a second arena that shares its
   const ArenaOptions o{.report_findings = false, .virtual_memory = vm, .virtual_reserve_bytes = 1ull << 30};
   Arena a(backend, o), b(backend, o);
   HostStream s;
-  const Symbol n = Symbol::dynamic("misuse.vn", 1024);
-  Bindings bind;
-  bind.set(n, 10);
-  int launches = 0;
+  Scene sc("misuse.vn");
   auto fam = a.family("prefill");
-  CapturedGraph ga = capture(a, s, bind, Step{a, s, n, &launches}, CaptureOptions{.family = fam});
+  CapturedGraph ga = sc.capture_in(a, s, fam);
   const std::uint64_t committed = a.committed_bytes();
   const std::string what = thrown<invalid_argument_error>(
-      [&] { capture(b, s, bind, Step{b, s, n, &launches}, CaptureOptions{.family = fam}); });
+      [&] { sc.capture_in(b, s, fam); });
   CHECK_THAT(what, Contains("family 'prefill'") && Contains(arena_label(a)) && Contains(arena_label(b)));
   CHECK(b.committed_bytes() == 0);
   CHECK(a.committed_bytes() == committed);
   CHECK(fam.graphs() == 1);
-  ga.replay(bind, s);
-  CHECK(launches == 1);
+  ga.replay(sc.bind, s);
+  CHECK(sc.launches == 1);
 }
 
 // ---- the element extent stays in its fold ------------------------------------------------------------
@@ -290,10 +290,8 @@ TEST_CASE("misuse: a replay is refused for bindings its extents reject, with eve
 
 namespace {
 // Host backend whose free_slab fails the next `fail_frees` times (a driver error mid-trim).
-class FailingFreeBackend final : public Backend {
+class FailingFreeBackend final : public graphsafe_test::ForwardingBackend {
  public:
-  std::string_view name() const override { return "host"; }
-  void* allocate_slab(std::uint64_t bytes, Stream s) override { return host.allocate_slab(bytes, s); }
   void free_slab(void* p, std::uint64_t bytes, Stream s) override {
     if (fail_frees > 0) {
       --fail_frees;
@@ -301,15 +299,6 @@ class FailingFreeBackend final : public Backend {
     }
     host.free_slab(p, bytes, s);
   }
-  CaptureInfo capture_info(Stream s) const override { return host.capture_info(s); }
-  void begin_capture(Stream s, CaptureMode m) override { host.begin_capture(s, m); }
-  GraphHandle end_capture(Stream s) override { return host.end_capture(s); }
-  void abort_capture(Stream s) noexcept override { host.abort_capture(s); }
-  void launch(const GraphHandle& g, Stream s) override { host.launch(g, s); }
-  void destroy(GraphHandle& g) noexcept override { host.destroy(g); }
-  void order_after(Stream a, Stream b) override { host.order_after(a, b); }
-  void synchronize(Stream s) override { host.synchronize(s); }
-  HostBackend host;
   int fail_frees = 0;
 };
 }  // namespace
