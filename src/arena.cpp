@@ -194,6 +194,7 @@ void* ArenaCore::new_slab(std::uint64_t bytes, Stream s) {
 
 Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
   Block* b;
+  std::uint64_t largest = 0;  // for the error message: read under the lock, as the search saw it
   DeferredSlot* slot = my_slot();
   {
     std::lock_guard g(lock);
@@ -216,12 +217,14 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
       eager_bytes += b->size;
       ++eager_blocks;
       if (index) fl.index_used(b);  // raw pointers are returned by address: one lock for both
+    } else {
+      largest = fl.largest_free();
     }
   }
   if (!b) {
     if (!opts.grow_on_demand)
       throw out_of_memory_error("graphsafe: arena has no free block of " + std::to_string(bytes) +
-                                " bytes (largest free " + std::to_string(fl.largest_free()) +
+                                " bytes (largest free " + std::to_string(largest) +
                                 ") and grow_on_demand is off; reserve more with arena.reserve(bytes, stream)");
     const std::uint64_t slab = align_up(std::max(bytes, opts.growth_bytes), 2ull << 20);
     void* p = new_slab(slab, s);  // throws out_of_memory_error naming the size
@@ -623,11 +626,32 @@ void Workspace::release_and_clear() noexcept {
 
 // ---- CaptureFamily -----------------------------------------------------------------------------
 
+namespace {
+// A family's figures change under its arena's lock (captures, graphs dying on any thread). Once the
+// arena is gone so are its graphs and captures, and nothing changes them.
+template <class F>
+std::uint64_t read_family(const detail::Family& f, F get) {
+  if (auto core = f.arena.lock()) {
+    std::lock_guard g(core->lock);
+    return get(f);
+  }
+  return get(f);
+}
+}  // namespace
+
 const std::string& CaptureFamily::name() const { return f_->name; }
-std::uint64_t CaptureFamily::region_bytes() const { return f_->region ? f_->region->size : 0; }
-std::uint64_t CaptureFamily::graphs() const { return f_->graphs; }
-std::uint64_t CaptureFamily::largest_plan_bytes() const { return f_->largest_plan; }
-std::uint64_t CaptureFamily::sum_of_plan_bytes() const { return f_->sum_plans; }
+std::uint64_t CaptureFamily::region_bytes() const {
+  return read_family(*f_, [](const detail::Family& f) { return f.region ? f.region->size : 0; });
+}
+std::uint64_t CaptureFamily::graphs() const {
+  return read_family(*f_, [](const detail::Family& f) { return f.graphs; });
+}
+std::uint64_t CaptureFamily::largest_plan_bytes() const {
+  return read_family(*f_, [](const detail::Family& f) { return f.largest_plan; });
+}
+std::uint64_t CaptureFamily::sum_of_plan_bytes() const {
+  return read_family(*f_, [](const detail::Family& f) { return f.sum_plans; });
+}
 
 // ---- Arena -------------------------------------------------------------------------------------
 

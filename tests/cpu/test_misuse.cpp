@@ -329,3 +329,45 @@ TEST_CASE("misuse: trim() that fails to free one slab keeps it and frees the oth
   CHECK(arena.stats().slab_bytes == 0);
 }
 
+// ---- family figures are read under the arena's lock ---------------------------------------------------
+
+TEST_CASE("misuse: a family's figures are read under the arena's lock", "[misuse][family][concurrency]") {
+  HostBackend backend;
+  Arena arena(backend, ArenaOptions{.growth_bytes = 2 * kMiB, .report_findings = false});
+  HostStream s;
+  arena.reserve(2 * kMiB, s);
+  Scene sc("misuse.ln");
+  auto fam = arena.family("locked");
+  CapturedGraph g = sc.capture_in(arena, s, fam);
+  const std::vector<std::pair<const char*, std::function<std::uint64_t()>>> reads = {
+      {"region_bytes", [&] { return fam.region_bytes(); }},
+      {"graphs", [&] { return fam.graphs(); }},
+      {"largest_plan_bytes", [&] { return fam.largest_plan_bytes(); }},
+      {"sum_of_plan_bytes", [&] { return fam.sum_of_plan_bytes(); }},
+  };
+  for (const auto& [name, read] : reads) {
+    INFO(name);
+    std::atomic<bool> done{false};
+    std::uint64_t value = 0;
+    std::thread reader;
+    {
+      // While this thread holds the lock (as a capture or a graph's destruction would while changing
+      // the family), the read must wait.
+      std::lock_guard lk(arena.core().lock);
+      reader = std::thread([&] {
+        value = read();
+        done = true;
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      CHECK_FALSE(done.load());
+    }
+    reader.join();
+    CHECK(done.load());
+    CHECK(value == read());
+  }
+  // capacity_bound reserves n's capacity: 1024 x 8 bytes, one plan, one graph.
+  CHECK(fam.graphs() == 1);
+  CHECK(fam.region_bytes() == 8192);
+  CHECK(fam.largest_plan_bytes() == 8192);
+  CHECK(fam.sum_of_plan_bytes() == 8192);
+}
