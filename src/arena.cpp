@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <mutex>
 
 namespace graphsafe {
@@ -26,6 +27,29 @@ void bad_byte_count(std::int64_t count, std::uint64_t element_bytes, std::string
     throw invalid_argument_error("graphsafe: request '" + std::string(name) + "' has element size 0; pass sizeof(T)");
   throw overflow_error("graphsafe: request '" + std::string(name) + "' needs " + std::to_string(count) + " x " +
                        std::to_string(element_bytes) + " bytes, which overflows 64-bit byte counts; check the extent");
+}
+
+void align_overflow(std::uint64_t x, std::uint64_t a) {
+  throw overflow_error("graphsafe: " + std::to_string(x) + " bytes rounded up to a multiple of " + std::to_string(a) +
+                       " does not fit in 64 bits; check the size");
+}
+
+void check_options(const ArenaOptions& o) {
+  // The largest byte count the arena serves (reserve, allocate, requests): slab sizes up to it
+  // round up to 2 MiB without wrapping.
+  constexpr std::uint64_t kMaxBytes = 1ull << 62;
+  // Bytes of guard behind every workspace in debug mode: far above any useful guard, and small
+  // enough that a request plus its guard cannot overflow.
+  constexpr std::uint64_t kMaxCanary = 1ull << 30;
+  if (o.growth_bytes == 0 || o.growth_bytes > kMaxBytes)
+    throw invalid_argument_error("graphsafe: ArenaOptions::growth_bytes = " + std::to_string(o.growth_bytes) +
+                                 " is out of range; the minimum slab size must be >= 1 (slabs are rounded up to 2 MiB) "
+                                 "and <= " + std::to_string(kMaxBytes) + " (2^62)");
+  if (o.canary_bytes > kMaxCanary)
+    throw invalid_argument_error("graphsafe: ArenaOptions::canary_bytes = " + std::to_string(o.canary_bytes) +
+                                 " exceeds the limit " + std::to_string(kMaxCanary) +
+                                 " (1 GiB) for the guard region behind each workspace; a few hundred bytes catch "
+                                 "overruns");
 }
 
 // ---- deferred releases: one parked block per thread and arena -----------------------------------
@@ -170,6 +194,7 @@ void* ArenaCore::new_slab(std::uint64_t bytes, Stream s) {
 
 Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
   Block* b;
+  std::uint64_t largest = 0;  // for the error message: read under the lock, as the search saw it
   DeferredSlot* slot = my_slot();
   {
     std::lock_guard g(lock);
@@ -192,12 +217,14 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
       eager_bytes += b->size;
       ++eager_blocks;
       if (index) fl.index_used(b);  // raw pointers are returned by address: one lock for both
+    } else {
+      largest = fl.largest_free();
     }
   }
   if (!b) {
     if (!opts.grow_on_demand)
       throw out_of_memory_error("graphsafe: arena has no free block of " + std::to_string(bytes) +
-                                " bytes (largest free " + std::to_string(fl.largest_free()) +
+                                " bytes (largest free " + std::to_string(largest) +
                                 ") and grow_on_demand is off; reserve more with arena.reserve(bytes, stream)");
     const std::uint64_t slab = align_up(std::max(bytes, opts.growth_bytes), 2ull << 20);
     void* p = new_slab(slab, s);  // throws out_of_memory_error naming the size
@@ -446,10 +473,29 @@ void ArenaCore::trim(Stream s) {
     collect_deferred();  // releases parked since make_free_blocks_ready (remove_free_slabs flushes the cache)
     slabs = fl.remove_free_slabs();
   }
+  // A slab the backend fails to free stays the arena's (back in the free list, as it was) and the
+  // rest are still freed; then the first error is rethrown. Nothing is lost either way.
+  std::vector<std::pair<std::uintptr_t, std::uint64_t>> kept;
+  kept.reserve(slabs.size());
+  std::exception_ptr first;
   for (auto [addr, size] : slabs) {
-    if (opts.debug) debug_slab_removed(addr);
-    backend.free_slab(reinterpret_cast<void*>(addr), size, s);
+    try {
+      if (opts.debug) debug_slab_removed(addr);
+      backend.free_slab(reinterpret_cast<void*>(addr), size, s);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+      kept.emplace_back(addr, size);
+    }
   }
+  if (!first) return;
+  {
+    std::lock_guard g(lock);
+    for (auto [addr, size] : kept) {
+      fl.add_slab(addr, size, s.handle());
+      if (opts.debug) debug_slab_added(addr, size);
+    }
+  }
+  std::rethrow_exception(first);
 }
 
 void ArenaCore::begin_session(SessionState& st) {
@@ -580,11 +626,32 @@ void Workspace::release_and_clear() noexcept {
 
 // ---- CaptureFamily -----------------------------------------------------------------------------
 
+namespace {
+// A family's figures change under its arena's lock (captures, graphs dying on any thread). Once the
+// arena is gone so are its graphs and captures, and nothing changes them.
+template <class F>
+std::uint64_t read_family(const detail::Family& f, F get) {
+  if (auto core = f.arena.lock()) {
+    std::lock_guard g(core->lock);
+    return get(f);
+  }
+  return get(f);
+}
+}  // namespace
+
 const std::string& CaptureFamily::name() const { return f_->name; }
-std::uint64_t CaptureFamily::region_bytes() const { return f_->region ? f_->region->size : 0; }
-std::uint64_t CaptureFamily::graphs() const { return f_->graphs; }
-std::uint64_t CaptureFamily::largest_plan_bytes() const { return f_->largest_plan; }
-std::uint64_t CaptureFamily::sum_of_plan_bytes() const { return f_->sum_plans; }
+std::uint64_t CaptureFamily::region_bytes() const {
+  return read_family(*f_, [](const detail::Family& f) { return f.region ? f.region->size : 0; });
+}
+std::uint64_t CaptureFamily::graphs() const {
+  return read_family(*f_, [](const detail::Family& f) { return f.graphs; });
+}
+std::uint64_t CaptureFamily::largest_plan_bytes() const {
+  return read_family(*f_, [](const detail::Family& f) { return f.largest_plan; });
+}
+std::uint64_t CaptureFamily::sum_of_plan_bytes() const {
+  return read_family(*f_, [](const detail::Family& f) { return f.sum_plans; });
+}
 
 // ---- Arena -------------------------------------------------------------------------------------
 
@@ -608,6 +675,8 @@ void Arena::deallocate(Stream s, void* p, std::uint64_t bytes) { core_->dealloca
 CaptureFamily Arena::family(std::string name) {
   auto f = std::make_shared<detail::Family>();
   f->name = std::move(name);
+  f->arena_id = core_->id;
+  f->arena = core_;
   return CaptureFamily(std::move(f));
 }
 

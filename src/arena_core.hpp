@@ -48,7 +48,14 @@ inline Stream tagged_stream(void* tag) noexcept {
   return Stream(static_cast<cudaStream_t>(tag == &default_stream_tag_object ? nullptr : tag));
 }
 
-inline std::uint64_t align_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
+// x rounded up to a multiple of a; throws overflow_error naming both rather than wrap to a small size.
+[[noreturn]] void align_overflow(std::uint64_t x, std::uint64_t a);
+inline std::uint64_t align_up(std::uint64_t x, std::uint64_t a) {
+  if (x > ~std::uint64_t{0} - (a - 1)) [[unlikely]] align_overflow(x, a);
+  return (x + a - 1) / a * a;
+}
+// Refuses options out of range (invalid_argument_error naming the option, its value and the limit).
+void check_options(const ArenaOptions& o);
 // count * element_bytes, refusing negative counts, element size 0 and byte counts above 2^62 (the
 // check is inline: it runs on every request; the throwing part is not).
 [[noreturn]] void bad_byte_count(std::int64_t count, std::uint64_t element_bytes, std::string_view name);
@@ -63,6 +70,10 @@ inline std::uint64_t checked_bytes(std::int64_t count, std::uint64_t element_byt
 
 struct Family {
   std::string name;
+  // The arena that made the family (Arena::family, or a graph's own family): set at creation, never
+  // changed. A capture through another arena is refused (its region lives in this arena's slabs).
+  std::uint64_t arena_id = 0;      // ArenaCore::id
+  std::weak_ptr<ArenaCore> arena;  // its lock guards the fields below
   Block* region = nullptr;  // state region while any graph of the family lives
   std::uint64_t graphs = 0;
   bool capturing = false;
@@ -136,6 +147,9 @@ struct GraphState {
 };
 
 std::string graph_label(const GraphState& g);
+// Destroys the graph's executable and gives its family's region back when it was the last graph
+// (src/captured_graph.cpp). No-op for a graph already destroyed.
+void destroy_graph(GraphState& g) noexcept;
 // Debug mode hooks (src/debug_arena.cpp), called only when the arena's opts.debug is on.
 std::size_t debug_report_mark();
 void debug_graph_created(GraphState& g, std::size_t report_mark);
@@ -148,6 +162,7 @@ void launch_in_family(GraphState& g, Stream s, const std::source_location& loc);
 class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
  public:
   ArenaCore(Backend& b, ArenaOptions o) : backend(b), opts(o), id(next_id()) {
+    check_options(opts);
     if (opts.debug) {
       opts.always_check_capture = true;
       guard_bytes = opts.canary_bytes;

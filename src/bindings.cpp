@@ -5,6 +5,13 @@
 
 namespace graphsafe {
 
+void detail::bad_batch_length(Symbol batch, std::size_t values, std::int64_t length) {
+  throw invalid_argument_error("graphsafe: batch symbol '" + batch.name() + "' has " + std::to_string(values) +
+                               " values but its length '" + batch.length().name() + "' is " + std::to_string(length) +
+                               "; bind one value per request (pad inactive requests with 0), and bind a changed "
+                               "length before its values");
+}
+
 void Bindings::check_value(Symbol s, std::int64_t v, std::optional<std::size_t> index) const {
   const std::string where = index ? s.name() + "[" + std::to_string(*index) + "]" : s.name();
   if (v < 0)
@@ -36,23 +43,22 @@ Bindings::Vector& Bindings::vector_slot(std::uint32_t id) {
   return vectors_.back();
 }
 
-Bindings& Bindings::set(Symbol s, std::span<const std::int64_t> values) {
+template <class T>
+Bindings& Bindings::set_vector(Symbol s, std::span<const T> values) {
   if (s.kind() != SymbolKind::batch)
     throw invalid_argument_error("graphsafe: '" + s.name() + "' is a scalar symbol; bind it to one value");
+  // The length is static: when bound, a vector of another length is refused here, before anything
+  // sized from it. (Bound later, the replay's check sees the mismatch.)
+  if (const Scalar* len = find_scalar(s.length().id()); len && static_cast<std::int64_t>(values.size()) != len->value)
+    detail::bad_batch_length(s, values.size(), len->value);
   for (std::size_t i = 0; i < values.size(); ++i) check_value(s, values[i], i);
   auto& slot = vector_slot(s.id());
   slot.values.assign(values.begin(), values.end());  // reuses capacity: no allocation in steady state
   return *this;
 }
 
-Bindings& Bindings::set(Symbol s, std::span<const std::int32_t> values) {
-  if (s.kind() != SymbolKind::batch)
-    throw invalid_argument_error("graphsafe: '" + s.name() + "' is a scalar symbol; bind it to one value");
-  for (std::size_t i = 0; i < values.size(); ++i) check_value(s, values[i], i);
-  auto& slot = vector_slot(s.id());
-  slot.values.assign(values.begin(), values.end());
-  return *this;
-}
+Bindings& Bindings::set(Symbol s, std::span<const std::int64_t> values) { return set_vector(s, values); }
+Bindings& Bindings::set(Symbol s, std::span<const std::int32_t> values) { return set_vector(s, values); }
 
 const Bindings::Scalar* Bindings::find_scalar(std::uint32_t id) const {
   for (const auto& e : scalars_)

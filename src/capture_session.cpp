@@ -24,6 +24,12 @@ void unregister(SessionState& st) {
 
 void start_session(SessionState& st, const Bindings& b) {
   ArenaCore& core = *st.core;
+  if (st.family->arena_id != core.id)
+    throw invalid_argument_error(
+        "graphsafe: capture family '" + st.family->name + "' " +
+        (st.family->arena_id ? "belongs to arena #" + std::to_string(st.family->arena_id) : std::string("has no arena")) +
+        " but this capture is on arena #" + std::to_string(core.id) +
+        "; a family's graphs share one region of one arena -- make the family with this arena's family()");
   if (core.backend.capture_info(st.stream).active)
     throw capture_state_error("graphsafe: this stream is already capturing; a capture cannot start inside another "
                               "(end the outer capture first, or capture on another stream)");
@@ -79,24 +85,40 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
     abandon_session(st);
     throw;
   }
+  // The backend has instantiated the graph: from here a failure must destroy it and give back the
+  // region. Everything that may throw (allocations) runs before end_session hands the region to the
+  // family; a failure then is an abandoned capture.
+  std::unique_ptr<GraphState> g;
+  try {
+    st.plan.set_bytes(align_up(st.bump, kAlignment));
+    st.plan.finalize();
+    g = std::make_unique<GraphState>();
+    g->opts = st.opts;
+  } catch (...) {
+    core.backend.destroy(h);
+    st.begun = false;  // the capture has ended: nothing to abort
+    abandon_session(st);
+    throw;
+  }
   st.done = true;
   unregister(st);
-  st.plan.set_bytes(align_up(st.bump, kAlignment));
-  core.end_session(st, true);
-  st.plan.finalize();
+  try {
+    core.end_session(st, true);  // commit: moves blocks between trees (descriptors are pooled)
+  } catch (...) {
+    core.backend.destroy(h);  // virtual growth registers the plan with its family (an allocation)
+    throw;
+  }
   if (core.opts.report_findings && !core.opts.debug && !st.plan.findings().empty()) {
     std::fprintf(stderr, "graphsafe: capture of family '%s' has %zu finding(s):\n", st.family->name.c_str(),
                  st.plan.findings().size());
     for (const auto& f : st.plan.findings())
       std::fprintf(stderr, "  [%s] %s: %s\n", f.request.c_str(), f.site.c_str(), f.message.c_str());
   }
-  auto g = std::make_unique<GraphState>();
   g->core = st.core;
   g->family = st.family;
   g->handle = h;
   g->plan = std::move(st.plan);
   g->stream = st.stream;
-  g->opts = st.opts;
   g->base = st.base;
   g->virt = std::move(st.virt);  // virtual growth (null otherwise)
   g->dbg_pointers = std::move(st.dbg_pointers);  // debug mode (empty otherwise)
@@ -106,15 +128,25 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
     ++core.live_graphs;
     st.family->last_stream = stream_tag(st.stream);
   }
-  // Debug mode: the capture's report on stderr (findings of all kinds), NVTX registration.
-  if (core.opts.debug) [[unlikely]] debug_graph_created(*g, st.report_mark);
+  // Debug mode: the capture's report on stderr (findings of all kinds), NVTX registration. The graph
+  // is whole by now: if the report fails, it is destroyed as any graph is.
+  if (core.opts.debug) [[unlikely]] {
+    try {
+      debug_graph_created(*g, st.report_mark);
+    } catch (...) {
+      destroy_graph(*g);
+      throw;
+    }
+  }
   return g;
 }
 
-std::shared_ptr<Family> family_of(const CaptureOptions& o) {
+std::shared_ptr<Family> family_of(const CaptureOptions& o, const std::shared_ptr<ArenaCore>& core) {
   if (o.family) return o.family->impl();
   auto f = std::make_shared<Family>();
   f->name = "graph";
+  f->arena_id = core->id;
+  f->arena = core;
   return f;
 }
 
@@ -124,7 +156,7 @@ CaptureSession::CaptureSession(Arena& arena, Stream s, const Bindings& b, Captur
     : state_(std::make_unique<detail::SessionState>()) {
   state_->core = arena.core().shared_from_this();
   state_->stream = s;
-  state_->family = detail::family_of(opts);
+  state_->family = detail::family_of(opts, state_->core);
   state_->opts = std::move(opts);
   detail::start_session(*state_, b);
 }

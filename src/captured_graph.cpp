@@ -11,7 +11,6 @@ void start_session(SessionState& st, const Bindings& b);
 void abandon_session(SessionState& st) noexcept;
 std::unique_ptr<GraphState> finish_session(SessionState& st);
 
-namespace {
 void destroy_graph(GraphState& g) noexcept {
   if (!g.handle.exec && !g.handle.graph) return;
   ArenaCore& core = *g.core;
@@ -31,7 +30,6 @@ void destroy_graph(GraphState& g) noexcept {
   core.graph_destroyed(*g.family, stream_tag(g.stream));
   if (g.family->virt) [[unlikely]] virtual_graph_destroyed(core, *g.family);  // idle family: chunks to the pool
 }
-}  // namespace
 
 // Graphs of one family share a region, so their replays are serialized: ordering after the last
 // replay's stream, the launch and recording this stream as the last happen under the family's

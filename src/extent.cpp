@@ -25,7 +25,7 @@ struct ExtentNode {
   // (symbols are immutable): dynamic?, capacity (-1: none), and a fold's batch-length symbol.
   bool dyn = false;
   std::int64_t cap = -1;
-  std::uint32_t len = 0;
+  std::uint32_t len = 0;   // a fold's or an element's batch-length symbol
   bool mono_body = false;  // max_over: body monotone, so max_b f(x_b) = f(max_b x_b)
   // Facts about the whole subtree, computed once at construction (finish()) so the request path
   // never walks the tree for them. Extents are immutable, so they never go stale.
@@ -33,6 +33,7 @@ struct ExtentNode {
   bool mono = true;        // monotone(): no divisor depends on a dynamic value
   bool capped = true;      // every dynamic symbol / element declares a capacity
   bool elem = false;       // contains a batch element (inside a fold body)
+  std::uint32_t elem_of = 0;  // when elem: the batch symbol of that element (one per subtree)
   bool fold = false;       // contains sum_over / max_over
   // Value when the subtree is constants only (else -1); capacity bound when it needs no binding
   // (constants and capacities only; else -1, also when computing it would throw: the general
@@ -91,10 +92,7 @@ Symbol sym_of(std::uint32_t id) { return ExtentNode::symbol(id); }
 
 std::size_t batch_length(const Bindings& b, Symbol batch, Symbol length, std::span<const std::int64_t> v) {
   const auto len = b.value(length);
-  if (static_cast<std::int64_t>(v.size()) != len)
-    throw invalid_argument_error("graphsafe: batch symbol '" + batch.name() + "' has " + std::to_string(v.size()) +
-                                 " values but its length '" + length.name() + "' is " + std::to_string(len) +
-                                 "; bind one value per request (pad inactive requests with 0)");
+  if (static_cast<std::int64_t>(v.size()) != len) detail::bad_batch_length(batch, v.size(), len);
   return v.size();
 }
 
@@ -180,7 +178,10 @@ void collect(const ExtentNode& n, std::vector<std::uint32_t>& out) {
   switch (n.op) {
     case Op::constant: return;
     case Op::symbol: push(n.sym); return;
-    case Op::element: return;
+    case Op::element:  // inside its fold these are already listed; outside, evaluation refuses it
+      push(n.sym);
+      push(n.len);
+      return;
     case Op::sum:
     case Op::max_over:
       push(n.sym);
@@ -228,6 +229,7 @@ void finish(ExtentNode& n) {
       n.stat = false;
       n.capped = n.cap >= 0;
       n.elem = true;
+      n.elem_of = n.sym;
       return;
     case Op::sum:
     case Op::max_over:
@@ -243,7 +245,15 @@ void finish(ExtentNode& n) {
       const bool div = n.op == Op::ceil_div || n.op == Op::floor_div;
       n.mono = div ? y.stat && x.mono : x.mono && y.mono;
       n.capped = x.capped && y.capped;
+      // An element stands for the current request of its own fold only: two batches' elements in
+      // one expression cannot both be current (one of them escaped its fold).
+      if (x.elem && y.elem && x.elem_of != y.elem_of)
+        throw invalid_argument_error("graphsafe: an extent combines the elements of batch symbols '" +
+                                     sym_of(x.elem_of).name() + "' and '" + sym_of(y.elem_of).name() +
+                                     "'; an element is valid only inside the sum_over/max_over over its own batch -- "
+                                     "fold each batch separately and combine the results");
       n.elem = x.elem || y.elem;
+      n.elem_of = x.elem ? x.elem_of : y.elem_of;
       n.fold = x.fold || y.fold;
       n.fixed_value = fixed_op(n.op, x.fixed_value, y.fixed_value);
       // Bounding evaluates a divisor exactly (never by its capacity).
@@ -500,11 +510,17 @@ Extent fold(Op op, Symbol batch, const std::function<Extent(const Extent&)>& bod
   ExtentNode e{Op::element, 0, batch.id(), nullptr, nullptr};
   e.dyn = true;
   e.cap = batch.capacity().value_or(-1);
+  e.len = batch.length().id();
   const Extent element = ExtentNode::make(std::move(e));
   const Extent b = body(element);
   if (contains_fold(b.node()))
     throw invalid_argument_error("graphsafe: nested sum_over/max_over is not supported (batch '" + batch.name() +
                                  "'); fold each batch separately and combine the results");
+  if (b.node().elem && b.node().elem_of != batch.id())
+    throw invalid_argument_error("graphsafe: the body of a sum_over/max_over over '" + batch.name() +
+                                 "' uses the element of batch symbol '" + sym_of(b.node().elem_of).name() +
+                                 "', which escaped its own fold; it would read '" + batch.name() +
+                                 "' values in its place -- fold each batch separately and combine the results");
   ExtentNode f{op, 0, batch.id(), ExtentNode::ptr(b), nullptr};
   f.dyn = true;
   f.len = batch.length().id();
@@ -526,11 +542,21 @@ Extent sum_over(Symbol batch, const std::function<Extent(const Extent&)>& body) 
 Extent max_over(Symbol batch, const std::function<Extent(const Extent&)>& body) { return fold(Op::max_over, batch, body); }
 
 namespace {
+// An element outside every fold (its sum_over/max_over body let it out): no request is current.
+void refuse_escaped_element(const Extent& e, const ExtentNode& n) {
+  if (n.elem) [[unlikely]]
+    throw invalid_argument_error("graphsafe: extent " + e.to_string() + " uses the element of batch symbol '" +
+                                 sym_of(n.elem_of).name() +
+                                 "' outside the sum_over/max_over that made it; an element stands for one request's "
+                                 "value only inside its fold's body -- build the expression inside the body");
+}
 // The general cases, out of line so the constant fast paths below need no stack frame.
-[[gnu::noinline]] std::int64_t evaluate_walk(const ExtentNode& n, const Bindings& b) {
+[[gnu::noinline]] std::int64_t evaluate_walk(const Extent& e, const ExtentNode& n, const Bindings& b) {
+  refuse_escaped_element(e, n);
   return eval(n, b, Mode::evaluate, nullptr);
 }
 [[gnu::noinline]] std::int64_t bound_walk(const Extent& e, const ExtentNode& n, const Bindings& b) {
+  refuse_escaped_element(e, n);
   if (!n.mono)
     throw policy_refusal("graphsafe: extent " + e.to_string() +
                          " divides by a dynamic value, so substituting capacities does not bound it; "
@@ -541,7 +567,7 @@ namespace {
 
 std::int64_t Extent::evaluate(const Bindings& b) const {
   if (node_->fixed_value >= 0) return node_->fixed_value;  // constants only
-  return evaluate_walk(*node_, b);
+  return evaluate_walk(*this, *node_, b);
 }
 
 std::int64_t Extent::capacity_bound(const Bindings& b) const {

@@ -278,6 +278,7 @@ void FreeList::mark_ready(const std::vector<void*>& synchronized_streams) {
 std::vector<std::pair<std::uintptr_t, std::uint64_t>> FreeList::remove_free_slabs() {
   flush_cache();
   std::vector<std::pair<std::uintptr_t, std::uint64_t>> out;
+  out.reserve(slabs_.size());  // nothing below throws once a slab is unlinked
   for (auto it = slabs_.begin(); it != slabs_.end();) {
     // Only ready slabs: one still tagged with a stream (one that is capturing, so could not be
     // waited for) may be in use by that stream's earlier work.

@@ -10,6 +10,8 @@ void Plan::add(PlanEntry e) { entries_.push_back(std::move(e)); }
 void Plan::finalize() {
   guards_.clear();
   symbols_.clear();
+  scalars_.clear();
+  batches_.clear();
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     const PlanEntry& e = entries_[i];
     if (!e.need) continue;
@@ -24,6 +26,12 @@ void Plan::finalize() {
       same->reserved = e.reserved;
       same->entry = i;
     }
+  }
+  for (Symbol s : symbols_) {
+    if (s.kind() == SymbolKind::batch)
+      batches_.emplace_back(s, s.length());
+    else if (s.is_dynamic())
+      scalars_.push_back(s);
   }
 }
 
@@ -59,6 +67,14 @@ std::vector<GuardViolation> Plan::check(const Bindings& b) const {
                          std::to_string(then) + "; static values are frozen -- replay the graph captured for this value"});
   }
   if (!out.empty()) return out;
+  // Bindings the extents would reject are refused whatever the guards: a discharged guard evaluates
+  // nothing, so this is the one check of them for such a replay.
+  for (Symbol s : scalars_) (void)b.value(s);  // throws unbound_symbol_error naming the symbol
+  for (const auto& [batch, length] : batches_) {
+    const std::size_t n = b.values(batch).size();  // throws unbound_symbol_error naming the batch
+    const std::int64_t len = b.value(length);
+    if (static_cast<std::int64_t>(n) != len) detail::bad_batch_length(batch, n, len);
+  }
   for (const Guard& g : guards_) {
     const std::int64_t need = g.need.evaluate(b);
     if (need > g.reserved) {

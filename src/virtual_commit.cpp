@@ -435,9 +435,6 @@ void virtual_begin_session(ArenaCore& core, SessionState& st) {
       f.virt = std::move(vf);
       std::lock_guard g(core.virt->m);
       core.virt->families.push_back(st.family);
-    } else if (f.virt->vm != core.opts.virtual_memory) {
-      throw invalid_argument_error("graphsafe: family '" + f.name +
-                                   "' was captured through another VirtualMemory; a family belongs to one arena");
     }
   } catch (...) {
     std::lock_guard g(core.lock);

@@ -42,7 +42,8 @@ bool debug_env_default() noexcept;  // GRAPHSAFE_DEBUG (graphsafe/debug.hpp)
 inline constexpr std::uint64_t kAlignment = 256;
 
 struct ArenaOptions {
-  // Minimum slab size when an eager request finds no room and the arena grows.
+  // Minimum slab size when an eager request finds no room and the arena grows (1 .. 2^62; options
+  // out of range are refused when the arena is made, with invalid_argument_error).
   std::uint64_t growth_bytes = 64ull << 20;
   // Eager requests (outside capture) may add slabs. Requests during capture never do.
   bool grow_on_demand = true;
@@ -59,7 +60,7 @@ struct ArenaOptions {
   // environment variable. Turns on always_check_capture, the debug report, canaries and NVTX
   // registration. Off, it costs one predictable branch per request and per replay.
   bool debug = detail::debug_env_default();
-  // Debug mode: guard region behind every workspace (bytes; 0 = none).
+  // Debug mode: guard region behind every workspace (bytes; 0 = none; at most 1 GiB).
   std::uint64_t canary_bytes = 256;
   // Debug mode: fill the guard regions with a pattern and check them. Off keeps the (unregistered)
   // gaps for compute-sanitizer without touching them.

@@ -1,7 +1,9 @@
 // Bindings: the current values of symbols. An engine has these on the host every step anyway
 // (sequence lengths, batch size); graphsafe reads them to size requests at capture time and to
 // check guards before each replay. Values are validated when set: negative values, values above a
-// symbol's capacity and batch vectors of the wrong length are errors naming the value and limit.
+// symbol's capacity and batch vectors whose length differs from their (bound) length symbol are
+// errors naming the value and limit. When a batch changes size, bind the new length first; a replay
+// checks every vector against its length again, whatever policy sized the graph.
 #pragma once
 
 #include <graphsafe/symbol.hpp>
@@ -47,9 +49,17 @@ class Bindings {
   Vector& vector_slot(std::uint32_t id);
   void check_value(Symbol s, std::int64_t v, std::optional<std::size_t> index) const;
 
+  template <class T>
+  Bindings& set_vector(Symbol batch, std::span<const T> values);
+
   // Few symbols per graph: linear search over a flat vector beats a map.
   std::vector<Scalar> scalars_;
   std::vector<Vector> vectors_;
 };
+
+namespace detail {
+// Throws invalid_argument_error: `batch` is bound to `values` values but its length symbol to `length`.
+[[noreturn]] void bad_batch_length(Symbol batch, std::size_t values, std::int64_t length);
+}  // namespace detail
 
 }  // namespace graphsafe

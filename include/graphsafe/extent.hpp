@@ -40,7 +40,9 @@ class Extent {
   friend Extent ceil_div(const Extent& a, const Extent& b);
   friend Extent floor_div(const Extent& a, const Extent& b);
   friend Extent round_up(const Extent& a, const Extent& multiple);
-  // sum / max over the elements of a batch symbol: body(element) for each request.
+  // sum / max over the elements of a batch symbol: body(element) for each request. The element is
+  // valid only in what body returns: one kept past the fold is refused by evaluation, one used in
+  // another batch's fold by that fold (invalid_argument_error naming both batches).
   friend Extent sum_over(Symbol batch, const std::function<Extent(const Extent&)>& body);
   friend Extent max_over(Symbol batch, const std::function<Extent(const Extent&)>& body);
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace graphsafe {
@@ -48,6 +49,9 @@ class Plan {
   // Guards that replays must pass; empty when every entry is replay-safe by construction.
   std::size_t guard_count() const { return guards_.size(); }
   // Violations of the guards (and of frozen static symbols) for these bindings; empty = safe.
+  // Bindings the plan's extents reject throw, whatever policy sized them: an unbound symbol
+  // (unbound_symbol_error), a batch vector whose length differs from its length symbol
+  // (invalid_argument_error).
   std::vector<GuardViolation> check(const Bindings& b) const;
   // Throws guard_failure with a message naming request, symbol, value and limit.
   void enforce(const Bindings& b) const;
@@ -76,6 +80,10 @@ class Plan {
   std::vector<CaptureFinding> findings_;
   std::vector<Guard> guards_;
   std::vector<Symbol> symbols_;
+  // The dynamic symbols of symbols_, split by kind once (check() asks no registry): every replay
+  // must bind them, and each batch vector must have its length symbol's value of elements.
+  std::vector<Symbol> scalars_;
+  std::vector<std::pair<Symbol, Symbol>> batches_;  // (batch, its length)
   Bindings captured_;
   std::uint64_t bytes_ = 0;
 };

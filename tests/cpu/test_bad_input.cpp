@@ -61,6 +61,7 @@ struct Ctx {
   Symbol B = Symbol::fixed("bad.B");
   Symbol seq = Symbol::batch("bad.seq", B, 512);
   Bindings b;
+  Arena* target = &arena;  // the arena a row's failing call is made on (a row may make its own)
   Ctx() {
     b.set(n, 10).set(B, 2).set(seq, {3, 5});
     arena.reserve(4 * kMiB, s);
@@ -157,11 +158,14 @@ std::vector<Row> rows() {
                [](Ctx& c) -> F { return [&c] { (void)(Extent(std::int64_t{1} << 62) * 4).evaluate(c.b); }; }});
   r.push_back({"Extent::evaluate unbound symbol", Kind::unbound, {"bad.unbounded", "not bound"},
                [](Ctx& c) -> F { return [&c] { (void)Extent(c.unb).evaluate(c.b); }; }});
-  r.push_back({"sum_over with the wrong batch length", Kind::invalid, {"3 values", "'bad.B' is 2"},
+  r.push_back({"Bindings::set with the wrong batch length", Kind::invalid, {"3 values", "'bad.B' is 2"},
+               [](Ctx& c) -> F { return [&c] { Bindings z = c.b; z.set(c.seq, {1, 2, 3}); }; }});
+  r.push_back({"sum_over with the wrong batch length (bound before its length)", Kind::invalid,
+               {"3 values", "'bad.B' is 2"},
                [](Ctx& c) -> F {
                  return [&c] {
-                   Bindings z = c.b;
-                   z.set(c.seq, {1, 2, 3});
+                   Bindings z;
+                   z.set(c.seq, {1, 2, 3}).set(c.B, 2);
                    (void)sum_over(c.seq, [](const Extent& e) { return e; }).evaluate(z);
                  };
                }});
@@ -189,11 +193,16 @@ std::vector<Row> rows() {
                [](Ctx& c) -> F { return [&c] { c.arena.request(c.s, "ws", Extent(c.unb), 4, exact_at_capture, c.b); }; }});
   r.push_back({"dimension with an unbound symbol", Kind::unbound, {"bad.unbounded"},
                [](Ctx& c) -> F { return [&c] { c.arena.dimension(c.s, "d", Extent(c.unb), exact_at_capture, c.b); }; }});
-  r.push_back({"request with a null host stream", Kind::invalid, {"null stream"},
+  // Only an arena that asks the backend for the capture state on every request sees the stream.
+  r.push_back({"request with a null host stream, always_check_capture", Kind::invalid, {"null stream"},
                [](Ctx& c) -> F {
-                 return [&c] {
-                   Arena checked(c.backend, ArenaOptions{.always_check_capture = true});
-                   checked.request(Stream(static_cast<cudaStream_t>(nullptr)), "ws", 10, 1, capacity_bound, c.b);
+                 auto checked = std::make_shared<Arena>(
+                     c.backend, ArenaOptions{.growth_bytes = 2 * kMiB, .report_findings = false, .always_check_capture = true});
+                 checked->reserve(2 * kMiB, c.s);
+                 { auto w = checked->request(c.s, "warm", 10, 1, capacity_bound, c.b); }
+                 c.target = checked.get();
+                 return [&c, checked] {
+                   checked->request(Stream(static_cast<cudaStream_t>(nullptr)), "ws", 10, 1, capacity_bound, c.b);
                  };
                }});
   // ---- Arena::allocate / deallocate ----
@@ -280,9 +289,12 @@ std::vector<Row> rows() {
                  auto fixed = std::make_shared<Arena>(c.backend, ArenaOptions{.grow_on_demand = false});
                  return [&c, fixed] { CaptureSession cs(*fixed, c.t, c.b); };
                }});
-  r.push_back({"request on a stream captured outside graphsafe", Kind::capture_state, {"outside graphsafe", "CaptureSession"},
+  r.push_back({"request on a stream captured outside graphsafe, always_check_capture", Kind::capture_state,
+               {"outside graphsafe", "CaptureSession"},
                [](Ctx& c) -> F {
                  auto checked = std::make_shared<Arena>(c.backend, ArenaOptions{.always_check_capture = true});
+                 checked->reserve(2 * kMiB, c.s);
+                 c.target = checked.get();
                  c.backend.begin_capture(c.t, CaptureMode::global);
                  return [&c, checked] {
                    struct End {
@@ -388,7 +400,7 @@ TEST_CASE("bad input: every entry point refuses with a typed error naming the va
     std::optional<ArenaStats> before;
     {
       call = row.call(c);
-      before = c.arena.stats();
+      before = c.target->stats();
       try {
         call();
         FAIL("no exception");
@@ -401,7 +413,11 @@ TEST_CASE("bad input: every entry point refuses with a typed error naming the va
           CHECK(what.find(f) != std::string::npos);
         }
       }
-      CHECK(same_stats(*before, c.arena.stats()));  // the failing call changed nothing
+      CHECK(same_stats(*before, c.target->stats()));  // the failing call changed nothing
+      if (c.target != &c.arena) {  // and the arena it was made on still serves
+        auto w = c.target->request(c.s, "after", Extent(c.n), 4, capacity_bound, c.b);
+        CHECK(w.bytes() == 512 * 4);
+      }
     }
     call = nullptr;  // releases what the row set up (sessions, graphs, workspaces)
     check_serving(c);

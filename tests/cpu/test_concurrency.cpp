@@ -346,3 +346,44 @@ TEST_CASE("concurrency: many threads hammering one arena, with reserve and trim"
   CHECK(arena.stats().slabs == 0);
   CHECK(backend.bytes_in_use() == 0);
 }
+
+// The out-of-memory message names the largest free block; it is read under the arena's lock while
+// another thread changes the free tree (ThreadSanitizer reports the read otherwise).
+TEST_CASE("concurrency: an out-of-memory message is built while another thread changes the free tree",
+          "[concurrency]") {
+  HostBackend backend;
+  Arena arena(backend, ArenaOptions{.growth_bytes = 2 * kMiB, .grow_on_demand = false, .report_findings = false});
+  HostStream s1, s2;
+  arena.reserve(4 * kMiB, s1);
+  std::atomic<bool> stop{false};
+  Failures f;
+  std::atomic<std::uint64_t> churned{0};
+  std::thread churn([&] {
+    try {
+      for (int i = 0; !stop; ++i) {
+        auto a = arena.request(s2, "a", Extent(std::int64_t{4096} * (1 + i % 5)), 1, capacity_bound, Bindings());
+        auto b = arena.request(s2, "b", Extent(std::int64_t{8192} * (1 + i % 3)), 1, capacity_bound, Bindings());
+        ++churned;
+      }
+    } catch (const std::exception& e) {
+      f.note(e.what());
+    }
+  });
+  std::uint64_t refusals = 0;
+  for (int i = 0; i < 2000 || churned == 0; ++i) {
+    try {
+      arena.request(s1, "huge", Extent(std::int64_t{64} << 20), 1, capacity_bound, Bindings());
+      f.note("a 64 MiB request was served by a 4 MiB arena that cannot grow");
+    } catch (const out_of_memory_error& e) {
+      if (std::string(e.what()).find("largest free ") == std::string::npos) f.note(e.what());
+      ++refusals;
+    }
+  }
+  stop = true;
+  churn.join();
+  INFO(f.first);
+  CHECK(f.unexpected == 0);
+  CHECK(refusals >= 2000);
+  CHECK(churned > 0);
+  check_consistent(arena, backend);
+}

@@ -5,6 +5,8 @@
 
 #include <graphsafe/graphsafe.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -126,19 +128,37 @@ TEST_CASE("extent: table of evaluations and capacity bounds", "[extent]") {
     CHECK(r.e.evaluate(b) == r.value);
     CHECK(r.e.monotone() == r.monotone);
     CHECK(r.e.capacity_bound(b) == r.bound);
-    CHECK(r.e.capacity_bound(b) >= r.e.evaluate(b));  // a bound bounds
+    CHECK(r.bound >= r.value);  // the table itself: a bound bounds
   }
 }
 
 TEST_CASE("extent: the capacity bound bounds every binding within capacities", "[extent]") {
+  // Each extent beside its value in plain C++ (n, the three seq_lens, a = 7) and its capacity bound
+  // worked out by hand (n <= 100, seq_lens[b] <= 16, batch = 3): evaluate() must give the C++ value,
+  // capacity_bound() the hand-computed bound, and every value must stay at or below that bound.
   Syms s;
   const Extent n(s.n);
-  const std::vector<Extent> exprs = {
-      n * 3 + 1,
-      round_up(n, 16),
-      sum_over(s.L, [&](const Extent& l) { return ceil_div(l, 4) + min(l, n); }),
-      max_over(s.L, [](const Extent& l) { return floor_div(l, 3); }) * Extent(s.a),
-      max(n, sum_over(s.L, [](const Extent& l) { return l; })),
+  using L3 = std::array<std::int64_t, 3>;
+  struct Row {
+    Extent e;
+    std::function<std::int64_t(std::int64_t, const L3&)> value;
+    std::int64_t bound;
+  };
+  const auto cdiv = [](std::int64_t x, std::int64_t d) { return (x + d - 1) / d; };
+  const std::vector<Row> rows = {
+      {n * 3 + 1, [](std::int64_t nv, const L3&) { return nv * 3 + 1; }, 301},
+      {round_up(n, 16), [&](std::int64_t nv, const L3&) { return cdiv(nv, 16) * 16; }, 112},
+      {sum_over(s.L, [&](const Extent& l) { return ceil_div(l, 4) + min(l, n); }),
+       [&](std::int64_t nv, const L3& l) {
+         std::int64_t t = 0;
+         for (std::int64_t x : l) t += cdiv(x, 4) + std::min(x, nv);
+         return t;
+       },
+       3 * (4 + 16)},
+      {max_over(s.L, [](const Extent& l) { return floor_div(l, 3); }) * Extent(s.a),
+       [](std::int64_t, const L3& l) { return std::max({l[0] / 3, l[1] / 3, l[2] / 3}) * 7; }, 16 / 3 * 7},
+      {max(n, sum_over(s.L, [](const Extent& l) { return l; })),
+       [](std::int64_t nv, const L3& l) { return std::max(nv, l[0] + l[1] + l[2]); }, 100},
   };
   Bindings b = s.bind();
   std::uint64_t x = 12345;
@@ -147,14 +167,20 @@ TEST_CASE("extent: the capacity bound bounds every binding within capacities", "
     return static_cast<std::int64_t>((x >> 33) % static_cast<std::uint64_t>(hi + 1));
   };
   for (int i = 0; i < 500; ++i) {
-    b.set(s.n, next(100)).set(s.L, {next(16), next(16), next(16)});
-    for (const Extent& e : exprs) {
-      INFO(e.to_string() << " under " << b.describe(s.n) << ", " << b.describe(s.L));
-      CHECK(e.evaluate(b) <= e.capacity_bound(b));
+    const std::int64_t nv = next(100);
+    const L3 l = {next(16), next(16), next(16)};
+    b.set(s.n, nv).set(s.L, {l[0], l[1], l[2]});
+    for (const Row& r : rows) {
+      INFO(r.e.to_string() << " under " << b.describe(s.n) << ", " << b.describe(s.L));
+      const std::int64_t expected = r.value(nv, l);
+      CHECK(r.e.evaluate(b) == expected);
+      CHECK(r.e.capacity_bound(b) == r.bound);
+      CHECK(expected <= r.bound);
     }
   }
-  b.set(s.n, 100).set(s.L, {16, 16, 16});  // at capacity the bound is reached
-  for (const Extent& e : exprs) CHECK(e.evaluate(b) == e.capacity_bound(b));
+  // At capacity the bound is reached.
+  b.set(s.n, 100).set(s.L, {16, 16, 16});
+  for (const Row& r : rows) CHECK(r.value(100, {16, 16, 16}) == r.bound);
 }
 
 TEST_CASE("extent: symbols and dynamic_symbols in first-use order", "[extent]") {
@@ -300,15 +326,20 @@ TEST_CASE("extent: every misuse is a typed error naming the value and the limit"
          Bindings().set(s.L, std::span<const std::int32_t>(v));
        }),
        {"seq_lens[0] = 40", "capacity 16"}},
-      {"batch vector shorter than its length", throws<invalid_argument_error>([&] {
+      {"batch vector shorter than its bound length", throws<invalid_argument_error>([&] {
          Bindings b = s.bind();
          b.set(s.L, {1, 2});
+       }),
+       {"'seq_lens' has 2 values", "length 'batch' is 3"}},
+      {"batch vector shorter than its length, bound before it", throws<invalid_argument_error>([&] {
+         Bindings b;
+         b.set(s.L, {1, 2}).set(s.B, 3);
          sum_over(s.L, [](const Extent& l) { return l; }).evaluate(b);
        }),
        {"'seq_lens' has 2 values", "length 'batch' is 3"}},
-      {"batch vector longer than its length", throws<invalid_argument_error>([&] {
-         Bindings b = s.bind();
-         b.set(s.L, {1, 2, 3, 4});
+      {"batch vector longer than its length, bound before it", throws<invalid_argument_error>([&] {
+         Bindings b;
+         b.set(s.L, {1, 2, 3, 4}).set(s.B, 3);
          max_over(s.L, [](const Extent& l) { return l; }).evaluate(b);
        }),
        {"4 values", "is 3"}},

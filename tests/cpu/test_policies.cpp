@@ -5,6 +5,7 @@
 
 #include <graphsafe/graphsafe.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -109,13 +110,18 @@ TEST_CASE("policies: a replay-safe decision covers every binding within capaciti
   const Extent W(s.W), T(s.T);
   const Extent need = max_over(s.L, [&](const Extent& l) { return min(l, W); }) * T;
   const StaticQueryBound bound(T * W);
+  // Worked out by hand: window 8, tokens 4, seq_lens <= 512: max_b min(L[b], 8) * 4 <= 32.
+  constexpr std::int64_t kBound = 8 * 4;
   for (const SizingPolicy* p : {static_cast<const SizingPolicy*>(&capacity_bound), static_cast<const SizingPolicy*>(&bound)}) {
     const SizingDecision d = p->size("rows", need, b, true);
     REQUIRE(d.replay_safe);
+    CHECK(d.count == kBound);
     for (std::int64_t x : {0, 1, 7, 8, 9, 100, 511, 512})
       for (std::int64_t y : {0, 8, 512}) {
         b.set(s.L, {x, y});
-        CHECK(need.evaluate(b) <= d.count);
+        const std::int64_t expected = std::max(std::min<std::int64_t>(x, 8), std::min<std::int64_t>(y, 8)) * 4;
+        CHECK(need.evaluate(b) == expected);
+        CHECK(expected <= d.count);
       }
     b = s.bind();
   }
