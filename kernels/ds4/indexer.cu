@@ -8,7 +8,7 @@
 // (two 16-byte loads) and feeds them to the four k-steps; the query fragments use the same
 // permutation of k. Each thread then holds 2 rows x 16 heads of S; ReLU, the head weights and a sum
 // over the quad (fixed shuffle order: replays reproduce eager results bit for bit) give the score.
-#include <graphsafe/ds4/indexer.hpp>
+#include <graphsafe/ds4/indexer_kernels.hpp>
 
 #include "cuda_support.cuh"
 
@@ -316,6 +316,24 @@ void indexer_score(const IndexerScoreArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((a.N + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>(a.batch));
   indexer_score_kernel<<<grid, kScoreWarps * 32, 0, stream>>>(a);
   check_launch(fn);
+}
+
+DeviceIndexerInputs upload(const ref::IndexerInputs& in) {
+  DeviceIndexerInputs d;
+  const std::size_t cache = (in.cache_bytes.size() + 255) / 256 * 256;
+  const std::size_t q = (in.q.size() + 255) / 256 * 256;
+  d.storage = device_alloc(cache + q + in.weights.size() * sizeof(float));
+  std::uint8_t* base = d.storage.get();
+  d.cache = in.cache;
+  d.cache.base = base;
+  d.q = base + cache;
+  d.weights = reinterpret_cast<float*>(base + cache + q);
+  check_cuda(cudaMemcpy(d.cache.base, in.cache_bytes.data(), in.cache_bytes.size(), cudaMemcpyHostToDevice),
+             "upload of the indexer cache");
+  check_cuda(cudaMemcpy(d.q, in.q.data(), in.q.size(), cudaMemcpyHostToDevice), "upload of the indexer queries");
+  check_cuda(cudaMemcpy(d.weights, in.weights.data(), in.weights.size() * sizeof(float), cudaMemcpyHostToDevice),
+             "upload of the indexer weights");
+  return d;
 }
 
 std::size_t indexer_topk_temp_bytes(int batch, std::int64_t N) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <random>
 
 namespace graphsafe::ds4::ref {
 namespace {
@@ -91,6 +92,55 @@ std::vector<std::int32_t> indexer_topk(const float* scores, int n_c, int k) {
   auto key = [&](std::int32_t s) { return scores[s] + 0.0f; };
   std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return key(a) > key(b); });
   std::copy(order.begin(), order.begin() + k, out.begin());
+  return out;
+}
+
+IndexerInputs make_indexer_inputs(const DecodeProblem& p, std::uint64_t seed, int tie_every) {
+  if (p.cfg.ratio != kIndexerRatio) detail::fail("make_indexer_inputs: ratio = ", p.cfg.ratio, " must be 4 (C4)");
+  if (p.cfg.compressed_block_entries() != IndexerCache{}.block_rows)
+    detail::fail("make_indexer_inputs: compressed blocks of ", p.cfg.compressed_block_entries(), " entries; 64 needed");
+  IndexerInputs in;
+  in.cache.num_blocks = p.cmp_num_blocks;
+  in.cache_bytes.assign(static_cast<std::size_t>(p.cmp_num_blocks) * in.cache.stride, 0);
+  in.cache.base = in.cache_bytes.data();
+  std::mt19937_64 rng(seed);
+  // Uniform values in [-2, 2) from the top bits: the same on every standard library.
+  auto value = [&] { return static_cast<float>(static_cast<double>(rng() >> 11) * 0x1p-53 * 4.0 - 2.0); };
+  const int fill = p.fill_to > 0 ? p.fill_to : *std::max_element(p.seq_lens.begin(), p.seq_lens.end());
+  const int rows = fill / kIndexerRatio;
+  std::vector<float> x(kIndexerDim);
+  for (int b = 0; b < p.batch; ++b) {
+    for (int j = 0; j < rows; ++j) {
+      if (!(tie_every > 0 && j > 0 && j % tie_every == 0))
+        for (float& v : x) v = value();
+      const std::int64_t slot =
+          static_cast<std::int64_t>(p.cmp_block_table[static_cast<std::size_t>(b) * p.cmp_blocks_per_req +
+                                                      j / in.cache.block_rows]) * in.cache.block_rows +
+          j % in.cache.block_rows;
+      indexer_insert(in.cache, slot, x.data());
+    }
+  }
+  in.q.resize(static_cast<std::size_t>(p.batch) * kIndexerHeads * kIndexerDim);
+  for (std::uint8_t& v : in.q) v = fp8_e4m3_from_float(value());
+  in.weights.resize(static_cast<std::size_t>(p.batch) * kIndexerHeads);
+  for (float& v : in.weights) v = value() * 0.125f;
+  return in;
+}
+
+std::vector<std::int32_t> indexer_topk_all(const DecodeProblem& p, const IndexerInputs& in) {
+  const int K = p.cfg.topk;
+  std::vector<std::int32_t> out(static_cast<std::size_t>(p.batch) * K);
+  std::vector<float> q(kIndexerHeads * kIndexerDim);
+  for (int b = 0; b < p.batch; ++b) {
+    const int n_c = std::max(p.seq_lens[b], 0) / kIndexerRatio;
+    for (std::size_t i = 0; i < q.size(); ++i)
+      q[i] = fp8_e4m3_to_float(in.q[static_cast<std::size_t>(b) * q.size() + i]);
+    const std::vector<float> scores =
+        indexer_scores(in.cache, p.cmp_block_table.data() + static_cast<std::size_t>(b) * p.cmp_blocks_per_req, n_c,
+                       q.data(), in.weights.data() + static_cast<std::size_t>(b) * kIndexerHeads);
+    const std::vector<std::int32_t> top = indexer_topk(scores.data(), n_c, K);
+    std::copy(top.begin(), top.end(), out.begin() + static_cast<std::ptrdiff_t>(b) * K);
+  }
   return out;
 }
 

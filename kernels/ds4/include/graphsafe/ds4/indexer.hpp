@@ -1,5 +1,6 @@
 // The lightning indexer of a DS4 C4 layer (docs/ds4_model.md §2.3): which compressed rows the
-// attention reads.
+// attention reads. This header: the cache layout, the selection rule and the CPU reference (no CUDA);
+// graphsafe/ds4/indexer_kernels.hpp: the GPU launchers.
 //
 //   // once per step, per C4 layer, all on `stream`, nothing read back to the host:
 //   cuda::indexer_compress_insert(kv_state, score_state, base, rows, slots, n, norm_w, theta, eps,
@@ -23,8 +24,7 @@
 #pragma once
 
 #include <graphsafe/ds4/layout.hpp>
-
-#include <cuda_runtime_api.h>
+#include <graphsafe/ds4/problem.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -82,50 +82,20 @@ std::vector<float> indexer_scores(const IndexerCache& cache, const std::int32_t*
 // The selection rule above, on given scores (`scores.size() >= n_c`): K entries, -1 padded.
 std::vector<std::int32_t> indexer_topk(const float* scores, int n_c, int k);
 
+// A C4 problem's indexer inputs: the key cache paged like p's compressed cache (same block table),
+// a row for every compressed entry up to p.fill_to tokens; fp8 queries [B, 64, 128] and head weights
+// [B, 64]. Deterministic in `seed`. With `tie_every` > 0, every tie_every-th row repeats the row
+// before it, so scores tie (the selection rule's tie-break is then exercised).
+struct IndexerInputs {
+  std::vector<std::uint8_t> cache_bytes;
+  IndexerCache cache;                 // base points into cache_bytes
+  std::vector<std::uint8_t> q;        // fp8 e4m3
+  std::vector<float> weights;
+};
+IndexerInputs make_indexer_inputs(const DecodeProblem& p, std::uint64_t seed, int tie_every = 0);
+// Scores and top-k of every request of p (its current seq_lens) with these inputs.
+std::vector<std::int32_t> indexer_topk_all(const DecodeProblem& p, const IndexerInputs& in);
+
 }  // namespace ref
 
-namespace cuda {
-
-// One CTA per output row: row_index[i] = j of the request whose token 0 is state row state_base[i];
-// written to `cache` at slots[i] (< 0 skips). State: [tokens, 256] fp32 each for kv and score.
-void indexer_compress_insert(const float* kv_state, const float* score_state, const std::int64_t* state_base,
-                             const std::int32_t* row_index, const std::int32_t* slots, int n,
-                             const float* norm_weight, float rope_theta, float eps, IndexerCache cache,
-                             cudaStream_t stream);
-
-struct IndexerScoreArgs {
-  int batch = 0;
-  std::int64_t N = 0;                          // row stride of logits / ids (>= every n_c to be in bounds)
-  const std::int32_t* seq_lens = nullptr;      // [B] device; n_c = seq_len / 4
-  const std::uint8_t* q = nullptr;             // fp8 e4m3 [B, 64, 128]
-  const float* weights = nullptr;              // [B, 64]
-  IndexerCache cache;                          // device base
-  const std::int32_t* block_table = nullptr;   // [B, blocks_per_req] (the C4 compressed block table)
-  int blocks_per_req = 0;
-  float* logits = nullptr;                     // out [B, N]: rows s < n_c(b) written
-  std::int32_t* ids = nullptr;                 // out [B, N]: s at [b*N + s], the values top-k sorts
-};
-// Tensor cores (fp8 mma.sync, fp32 accumulate). No bound check against N (see the header comment).
-void indexer_score(const IndexerScoreArgs& a, cudaStream_t stream);
-
-struct IndexerTopkArgs {
-  int batch = 0;
-  std::int64_t N = 0;                          // as for indexer_score; B * N <= 2^31 - 1
-  int k = 512;                                 // K: row stride of topk_local
-  const std::int32_t* seq_lens = nullptr;      // [B] device
-  const float* logits = nullptr;               // [B, N] from indexer_score
-  const std::int32_t* ids = nullptr;           // [B, N] from indexer_score
-  float* sorted_logits = nullptr;              // scratch [B, N]
-  std::int32_t* sorted_ids = nullptr;          // scratch [B, N]
-  std::int32_t* segment_offsets = nullptr;     // scratch [2 * B]
-  void* temp = nullptr;                        // indexer_topk_temp_bytes(batch, N)
-  std::size_t temp_bytes = 0;
-  std::int32_t* topk_local = nullptr;          // out [B, K]
-};
-// CUB's segmented radix sort (stable, descending) over each request's n_c scores, then the K best
-// (or the short-context rows) into topk_local. The temporary storage depends on B and N only.
-std::size_t indexer_topk_temp_bytes(int batch, std::int64_t N);
-void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream);
-
-}  // namespace cuda
 }  // namespace graphsafe::ds4
