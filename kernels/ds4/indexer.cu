@@ -1,5 +1,5 @@
 // The lightning indexer on the GPU (graphsafe/ds4/indexer.hpp): the key compressor, the scores on
-// fp8 tensor cores and the top-k selection through CUB's segmented radix sort.
+// fp8 tensor cores and the top-k selection (a radix select with CUB's block primitives).
 //
 // Scores: one warp takes 16 key rows at a time and computes S = K8 (16 x 128) * Q8^T (128 x 64
 // heads) with mma.sync m16n8k32 e4m3 (fp32 accumulate); the 64 x 128 query bytes stay in registers
@@ -9,10 +9,12 @@
 // permutation of k. Each thread then holds 2 rows x 16 heads of S; ReLU, the head weights and a sum
 // over the quad (fixed shuffle order: replays reproduce eager results bit for bit) give the score.
 #include <graphsafe/ds4/indexer_kernels.hpp>
+#include <graphsafe/ds4/kernels.hpp>
 
 #include "cuda_support.cuh"
 
-#include <cub/device/device_segmented_radix_sort.cuh>
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_scan.cuh>
 
 #include <cuda_fp8.h>
 
@@ -102,11 +104,14 @@ __global__ void __launch_bounds__(kCompressThreads) indexer_compress_kernel(
 }
 
 // -------------------------------------------------------------------------------------- scores
+// The rows of all requests form one list of 16-row tiles (request by request); each warp of a grid
+// sized to the GPU takes one contiguous run of it, so long and short requests balance and a warp's
+// copy pipeline stays full for its whole run. Query fragments are reloaded when the run crosses
+// into the next request.
 constexpr int kScoreWarps = 4;
-constexpr int kTilesPerWarp = 16;                        // 16-row tiles per warp (one after another)
 constexpr int kStages = 4;                               // cp.async ring depth per warp
-constexpr int kRowsPerCta = kScoreWarps * kTilesPerWarp * 16;
 constexpr int kHeadTiles = kIndexerHeads / 8;            // n-tiles of 8 heads
+constexpr int kMaxScoreBatch = 1024;                     // requests one launch can index
 
 // D += A(16x32 e4m3, row) * B(32x8 e4m3, col), fp32 accumulate (sm_89+).
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
@@ -123,34 +128,63 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], std::uint32_t a0, std::u
 struct ScoreSmem {
   uint4 keys[kScoreWarps][kStages][32][4];   // [lane][row g lo, row g hi, row g+8 lo, row g+8 hi]
   float scales[kScoreWarps][kStages][32][2];
+  float weights[kScoreWarps][kIndexerHeads];
+  int tile_start[kMaxScoreBatch + 1];        // first tile of each request in the list
 };
 
-__global__ void __launch_bounds__(kScoreWarps * 32, 3) indexer_score_kernel(IndexerScoreArgs a) {
+__global__ void __launch_bounds__(kScoreWarps * 32, 2) indexer_score_kernel(IndexerScoreArgs a) {
   __shared__ ScoreSmem sm;
-  const int b = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
-  const long long n_rows = min(static_cast<long long>(n_c), static_cast<long long>(a.N));
-  const long long warp_row0 = static_cast<long long>(blockIdx.x) * kRowsPerCta +
-                              static_cast<long long>(warp) * kTilesPerWarp * 16;
-  if (warp_row0 >= n_rows) return;  // warp-uniform
+  auto rows_of = [&](int b) {
+    const long long n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
+    return static_cast<int>(n_c < a.N ? n_c : a.N);
+  };
+  // Tile list: a serial prefix over the requests by warp 0 (a few hundred cycles for 64 requests).
+  if (warp == 0) {
+    int base = 0;
+    for (int b0 = 0; b0 < a.batch; b0 += 32) {
+      const int b = b0 + lane;
+      const int tiles = b < a.batch ? (rows_of(b) + 15) / 16 : 0;
+      int incl = tiles;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      if (b < a.batch) sm.tile_start[b] = base + incl - tiles;
+      base += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) sm.tile_start[a.batch] = base;
+  }
+  __syncthreads();
+  const int total = sm.tile_start[a.batch];
+  const int warps = gridDim.x * kScoreWarps, gw = blockIdx.x * kScoreWarps + warp;
+  const int per_warp = (total + warps - 1) / warps;
+  const int first = gw * per_warp, last = min(first + per_warp, total);
+  if (first >= last) return;  // warp-uniform
 
-  const std::int32_t* table = a.block_table + static_cast<long long>(b) * a.blocks_per_req;
-  // Copies tile `tile` of this warp into stage `tile % kStages` (rows past n_rows: zeros).
-  auto issue = [&](int tile) {
-    if (tile < kTilesPerWarp) {
-      const int st = tile % kStages;
+  // Request of a tile (tiles are visited in order, so the search only moves forward).
+  auto request_of = [&](int tile, int b) {
+    while (sm.tile_start[b + 1] <= tile) ++b;
+    return b;
+  };
+  // The issuing side: tile `it` of the run into stage it % kStages (past the run: an empty group).
+  int ib = request_of(first, 0);
+  auto issue = [&](int it) {
+    const int tile = first + it;
+    if (tile < last) {
+      ib = request_of(tile, ib);
+      const int n_rows = rows_of(ib);
+      const int row0 = (tile - sm.tile_start[ib]) * 16;
+      const std::int32_t blk = __ldg(a.block_table + static_cast<long long>(ib) * a.blocks_per_req + row0 / a.cache.block_rows);
+      const int st = it % kStages;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const long long s = warp_row0 + tile * 16 + g + half * 8;
+        const int s = row0 + g + half * 8;
         const bool valid = s < n_rows;
-        const std::uint8_t* base = a.cache.base;
-        long long off = 0;
-        if (valid) {
-          base += static_cast<long long>(__ldg(table + s / a.cache.block_rows)) * static_cast<long long>(a.cache.stride);
-          off = s % a.cache.block_rows;
-        }
+        const long long off = valid ? s % a.cache.block_rows : 0;
+        const std::uint8_t* base = a.cache.base + (valid ? static_cast<long long>(blk) * static_cast<long long>(a.cache.stride) : 0);
         const std::uint8_t* row = base + off * kIndexerRowBytes + t * 32;
         cp_async16(&sm.keys[warp][st][lane][2 * half], row, valid);
         cp_async16(&sm.keys[warp][st][lane][2 * half + 1], row + 16, valid);
@@ -165,32 +199,35 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 3) indexer_score_kernel(Inde
     cp_async_commit();
   };
 #pragma unroll
-  for (int tile = 0; tile < kStages - 1; ++tile) issue(tile);
+  for (int it = 0; it < kStages - 1; ++it) issue(it);
 
-  // Query fragments: head nt*8 + g, bytes [t*32, t*32+32) as 8 words (k-step i: words 2i, 2i+1).
   std::uint32_t qf[kHeadTiles][8];
-  const std::uint8_t* qb = a.q + static_cast<long long>(b) * kIndexerHeads * kIndexerDim;
+  float* w = sm.weights[warp];
+  int qb = -1;  // request whose query fragments and weights are loaded
+  int cb = request_of(first, 0);
+  for (int it = 0; first + it < last; ++it) {
+    const int tile = first + it;
+    cb = request_of(tile, cb);
+    if (cb != qb) {
+      // Query fragments: head nt*8 + g, bytes [t*32, t*32+32) as 8 words (k-step i: words 2i, 2i+1).
+      const std::uint8_t* qp = a.q + static_cast<long long>(cb) * kIndexerHeads * kIndexerDim;
 #pragma unroll
-  for (int nt = 0; nt < kHeadTiles; ++nt) {
-    const uint4* p = reinterpret_cast<const uint4*>(qb + (nt * 8 + g) * kIndexerDim + t * 32);
-    const uint4 v0 = __ldg(p), v1 = __ldg(p + 1);
-    qf[nt][0] = v0.x; qf[nt][1] = v0.y; qf[nt][2] = v0.z; qf[nt][3] = v0.w;
-    qf[nt][4] = v1.x; qf[nt][5] = v1.y; qf[nt][6] = v1.z; qf[nt][7] = v1.w;
-  }
-  // Weights of the heads this thread's accumulators hold: nt*8 + 2t, nt*8 + 2t + 1.
-  float w[kHeadTiles][2];
-#pragma unroll
-  for (int nt = 0; nt < kHeadTiles; ++nt) {
-    w[nt][0] = __ldg(a.weights + b * kIndexerHeads + nt * 8 + 2 * t);
-    w[nt][1] = __ldg(a.weights + b * kIndexerHeads + nt * 8 + 2 * t + 1);
-  }
-
-  for (int tile = 0; tile < kTilesPerWarp; ++tile) {
-    const long long r0 = warp_row0 + tile * 16;
-    if (r0 >= n_rows) break;  // warp-uniform
-    issue(tile + kStages - 1);
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        const uint4* p = reinterpret_cast<const uint4*>(qp + (nt * 8 + g) * kIndexerDim + t * 32);
+        const uint4 v0 = __ldg(p), v1 = __ldg(p + 1);
+        qf[nt][0] = v0.x; qf[nt][1] = v0.y; qf[nt][2] = v0.z; qf[nt][3] = v0.w;
+        qf[nt][4] = v1.x; qf[nt][5] = v1.y; qf[nt][6] = v1.z; qf[nt][7] = v1.w;
+      }
+      // Head weights in shared memory (registers go to the query fragments); each warp reads only
+      // what it wrote itself.
+      __syncwarp();
+      for (int h = lane; h < kIndexerHeads; h += 32) w[h] = __ldg(a.weights + cb * kIndexerHeads + h);
+      __syncwarp();
+      qb = cb;
+    }
+    issue(it + kStages - 1);
     cp_async_wait<kStages - 1>();
-    const int st = tile % kStages;
+    const int st = it % kStages;
     const uint4 k0lo = sm.keys[warp][st][lane][0], k0hi = sm.keys[warp][st][lane][1];
     const uint4 k1lo = sm.keys[warp][st][lane][2], k1hi = sm.keys[warp][st][lane][3];
     const std::uint32_t ka0[8] = {k0lo.x, k0lo.y, k0lo.z, k0lo.w, k0hi.x, k0hi.y, k0hi.z, k0hi.w};
@@ -202,8 +239,9 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 3) indexer_score_kernel(Inde
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         mma_e4m3(acc, ka0[2 * i], ka1[2 * i], ka0[2 * i + 1], ka1[2 * i + 1], qf[nt][2 * i], qf[nt][2 * i + 1]);
-      part[0] = __fadd_rn(part[0], __fadd_rn(__fmul_rn(w[nt][0], fmaxf(acc[0], 0.f)), __fmul_rn(w[nt][1], fmaxf(acc[1], 0.f))));
-      part[1] = __fadd_rn(part[1], __fadd_rn(__fmul_rn(w[nt][0], fmaxf(acc[2], 0.f)), __fmul_rn(w[nt][1], fmaxf(acc[3], 0.f))));
+      const float w0 = w[nt * 8 + 2 * t], w1 = w[nt * 8 + 2 * t + 1];
+      part[0] = __fadd_rn(part[0], __fadd_rn(__fmul_rn(w0, fmaxf(acc[0], 0.f)), __fmul_rn(w1, fmaxf(acc[1], 0.f))));
+      part[1] = __fadd_rn(part[1], __fadd_rn(__fmul_rn(w0, fmaxf(acc[2], 0.f)), __fmul_rn(w1, fmaxf(acc[3], 0.f))));
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -211,14 +249,14 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 3) indexer_score_kernel(Inde
       part[half] = __fadd_rn(part[half], __shfl_xor_sync(0xffffffffu, part[half], 2));
     }
     if (t == 0) {
+      const int n_rows = rows_of(cb);
+      const int row0 = (tile - sm.tile_start[cb]) * 16;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const long long s = r0 + g + half * 8;
-        if (s < n_rows) {
-          const long long at = static_cast<long long>(b) * a.N + s;
-          a.logits[at] = __fadd_rn(__fmul_rn(part[half], sm.scales[warp][st][lane][half]), 0.0f);  // -0.0 -> +0.0
-          a.ids[at] = static_cast<std::int32_t>(s);
-        }
+        const int s = row0 + g + half * 8;
+        if (s < n_rows)
+          a.logits[static_cast<long long>(cb) * a.N + s] =
+              __fadd_rn(__fmul_rn(part[half], sm.scales[warp][st][lane][half]), 0.0f);  // -0.0 -> +0.0
       }
     }
   }
@@ -226,32 +264,119 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 3) indexer_score_kernel(Inde
 }
 
 // --------------------------------------------------------------------------------------- top-k
-// Request b's segment: its n_c scores when it has more than K (empty otherwise: the short-context
-// path needs no sort).
-__global__ void topk_segments_kernel(const std::int32_t* seq_lens, int batch, long long N, int k,
-                                     std::int32_t* begin, std::int32_t* end) {
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b >= batch) return;
-  const long long n_c = max(seq_lens[b], 0) / kIndexerRatio;
-  const long long n_rows = n_c < N ? n_c : N;
-  begin[b] = static_cast<std::int32_t>(b * N);
-  end[b] = static_cast<std::int32_t>(b * N + (n_c > k ? n_rows : 0));
+// One CTA per request: a radix select finds the K-th largest score (four 8-bit passes over the
+// request's scores, most significant digit first, histograms in shared memory), the rows above it
+// and the first rows (lowest ids) equal to it are compacted, and CUB's BlockRadixSort orders them by
+// (score descending, row ascending) -- the selection rule of indexer.hpp, as a pure function of the
+// scores. Scores stay in L2 between passes (64 KB per request at 64K context).
+constexpr int kTopkThreads = 512;
+
+// Float bits mapped so that unsigned order is float order (the scores carry no NaN; -0 is +0).
+__device__ __forceinline__ std::uint32_t order_key(float f) {
+  const std::uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__global__ void topk_finalize_kernel(const std::int32_t* seq_lens, long long N, int k,
-                                     const std::int32_t* sorted_ids, std::int32_t* topk_local) {
-  const int b = blockIdx.x;
-  const long long n_c = max(seq_lens[b], 0) / kIndexerRatio;
-  const long long n_rows = n_c < N ? n_c : N;
-  for (int i = threadIdx.x; i < k; i += blockDim.x) {
-    std::int32_t v = -1;
-    if (n_c <= k) {
-      if (i < n_c) v = i;
-    } else if (i < n_rows) {
-      v = sorted_ids[b * N + i];
-    }
-    topk_local[static_cast<long long>(b) * k + i] = v;
+template <int kItems>
+struct TopkSmem {
+  using Sort = cub::BlockRadixSort<unsigned long long, kTopkThreads, kItems>;
+  using Scan = cub::BlockScan<int, kTopkThreads>;
+  union {
+    typename Sort::TempStorage sort;
+    unsigned long long picked[kTopkThreads * kItems];  // (~key << 32) | row, ascending = the rule's order
+  } u;
+  typename Scan::TempStorage scan;
+  int hist[256];
+  std::uint32_t prefix;
+  int remaining;
+  int count;
+  int eq_base;
+};
+
+template <int kItems>
+__global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
+  using S = TopkSmem<kItems>;
+  __shared__ S sm;
+  const int b = blockIdx.x, tid = threadIdx.x;
+  const long long n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
+  std::int32_t* out = a.topk_local + static_cast<long long>(b) * a.k;
+  if (n_c <= a.k) {  // short context: every row in order
+    for (int i = tid; i < a.k; i += kTopkThreads) out[i] = i < n_c ? i : -1;
+    return;
   }
+  const int n = static_cast<int>(n_c < a.N ? n_c : a.N);  // rows past the stride were never scored
+  const int kk = n < a.k ? n : a.k;
+  const float* scores = a.logits + static_cast<long long>(b) * a.N;
+
+  if (tid == 0) { sm.prefix = 0; sm.remaining = kk; }
+  std::uint32_t mask = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = tid; i < 256; i += kTopkThreads) sm.hist[i] = 0;
+    __syncthreads();
+    const std::uint32_t prefix = sm.prefix;
+    for (int i = tid; i < n; i += kTopkThreads) {
+      const std::uint32_t u = order_key(scores[i]);
+      if ((u & mask) == prefix) atomicAdd(&sm.hist[(u >> shift) & 255u], 1);
+    }
+    __syncthreads();
+    if (tid < 32) {  // the digit holding the remaining-th largest key, from the top
+      int c[8], sum = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) { c[j] = sm.hist[255 - 8 * tid - j]; sum += c[j]; }
+      int incl = sum;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (tid >= o) incl += v;
+      }
+      const int remaining = sm.remaining;
+      const unsigned hit = __ballot_sync(0xffffffffu, incl >= remaining);
+      if (tid == __ffs(hit) - 1) {
+        int above = incl - sum;  // keys in higher digits
+        int digit = 255 - 8 * tid;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (above + c[j] >= remaining) { digit = 255 - 8 * tid - j; break; }
+          above += c[j];
+        }
+        sm.prefix = prefix | (static_cast<std::uint32_t>(digit) << shift);
+        sm.remaining = remaining - above;
+      }
+    }
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  const std::uint32_t kth = sm.prefix;   // the kk-th largest key
+  const int ties = sm.remaining;         // how many rows equal to it are taken (the lowest ids)
+  if (tid == 0) { sm.count = 0; sm.eq_base = 0; }
+  __syncthreads();
+  for (int c0 = 0; c0 < n; c0 += kTopkThreads) {
+    const int i = c0 + tid;
+    const std::uint32_t u = i < n ? order_key(scores[i]) : 0u;
+    const bool eq = i < n && u == kth;
+    int eq_rank, eq_total;
+    typename S::Scan(sm.scan).ExclusiveSum(eq ? 1 : 0, eq_rank, eq_total);
+    const int base = sm.eq_base;
+    const bool take = i < n && (u > kth || (eq && base + eq_rank < ties));
+    if (take) sm.u.picked[atomicAdd(&sm.count, 1)] = (static_cast<unsigned long long>(~u) << 32) | static_cast<unsigned>(i);
+    __syncthreads();
+    if (tid == 0) sm.eq_base = base + eq_total;
+  }
+  __syncthreads();
+  unsigned long long keys[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int at = tid * kItems + j;
+    keys[j] = at < kk ? sm.u.picked[at] : ~0ull;
+  }
+  __syncthreads();  // the sort reuses the picked array's storage
+  typename S::Sort(sm.u.sort).Sort(keys);
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int at = tid * kItems + j;  // blocked arrangement: thread t holds ranks t*kItems ..
+    if (at < a.k) out[at] = at < kk ? static_cast<std::int32_t>(keys[j] & 0xFFFFFFFFull) : -1;
+  }
+  for (int at = kTopkThreads * kItems + tid; at < a.k; at += kTopkThreads) out[at] = -1;
 }
 
 void check_indexer_cache(const char* fn, const IndexerCache& c) {
@@ -272,7 +397,7 @@ void check_rows(const char* fn, int batch, long long N) {
   require_batch(fn, batch);
   if (N < 0) bad_arg(fn, "N", N, "N >= 0");
   if (static_cast<long long>(batch) * N > 0x7FFFFFFFLL)
-    bad_arg(fn, "batch * N", static_cast<long long>(batch) * N, "<= 2^31-1 (int32 row ids and CUB item counts)");
+    bad_arg(fn, "batch * N", static_cast<long long>(batch) * N, "<= 2^31-1 (int32 row ids)");
 }
 
 }  // namespace
@@ -305,16 +430,17 @@ void indexer_score(const IndexerScoreArgs& a, cudaStream_t stream) {
   require_ptr(fn, "weights", a.weights);
   require_ptr(fn, "block_table", a.block_table);
   require_ptr(fn, "logits", a.logits);
-  require_ptr(fn, "ids", a.ids);
   check_indexer_cache(fn, a.cache);
   if (reinterpret_cast<std::uintptr_t>(a.q) % 16 != 0)
     bad_arg(fn, "q % 16", static_cast<long long>(reinterpret_cast<std::uintptr_t>(a.q) % 16), "0 (16-byte aligned)");
   if (a.blocks_per_req * static_cast<long long>(a.cache.block_rows) < a.N)
     bad_arg(fn, "blocks_per_req * block_rows", a.blocks_per_req * static_cast<long long>(a.cache.block_rows),
             ">= N (the block table must cover every row the logits can hold)");
+  if (a.batch > kMaxScoreBatch) bad_arg(fn, "batch (B)", a.batch, "1 .. " + std::to_string(kMaxScoreBatch));
   if (a.N == 0) return;
-  const dim3 grid(static_cast<unsigned>((a.N + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>(a.batch));
-  indexer_score_kernel<<<grid, kScoreWarps * 32, 0, stream>>>(a);
+  // Two CTAs per multiprocessor (what the registers allow): every warp's run is long enough to keep
+  // its copy pipeline full.
+  indexer_score_kernel<<<2 * device_sm_count(), kScoreWarps * 32, 0, stream>>>(a);
   check_launch(fn);
 }
 
@@ -336,47 +462,20 @@ DeviceIndexerInputs upload(const ref::IndexerInputs& in) {
   return d;
 }
 
-std::size_t indexer_topk_temp_bytes(int batch, std::int64_t N) {
-  check_rows("indexer_topk_temp_bytes", batch, N);
-  std::size_t bytes = 0;
-  check_cuda(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-                 nullptr, bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
-                 static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr),
-                 static_cast<int>(batch * N), batch, static_cast<const std::int32_t*>(nullptr),
-                 static_cast<const std::int32_t*>(nullptr)),
-             "cub::DeviceSegmentedRadixSort (temporary storage size)");
-  return bytes;
-}
-
 void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream) {
   const char* fn = "indexer_topk";
   check_rows(fn, a.batch, a.N);
-  if (a.k <= 0) bad_arg(fn, "k", a.k, "k >= 1");
+  if (a.k <= 0 || a.k > kIndexerMaxTopk) bad_arg(fn, "k", a.k, "1 .. " + std::to_string(kIndexerMaxTopk));
   require_ptr(fn, "seq_lens", a.seq_lens);
   require_ptr(fn, "topk_local", a.topk_local);
-  if (a.N > 0) {
-    require_ptr(fn, "logits", a.logits);
-    require_ptr(fn, "ids", a.ids);
-    require_ptr(fn, "sorted_logits", a.sorted_logits);
-    require_ptr(fn, "sorted_ids", a.sorted_ids);
-    require_ptr(fn, "segment_offsets", a.segment_offsets);
-    const std::size_t need = indexer_topk_temp_bytes(a.batch, a.N);
-    if (a.temp_bytes < need)
-      bad_arg(fn, "temp_bytes", static_cast<long long>(a.temp_bytes),
-              ">= indexer_topk_temp_bytes(batch, N) = " + std::to_string(need));
-    require_ptr(fn, "temp", a.temp);
-    std::int32_t* begin = a.segment_offsets;
-    std::int32_t* end = a.segment_offsets + a.batch;
-    topk_segments_kernel<<<(a.batch + 127) / 128, 128, 0, stream>>>(a.seq_lens, a.batch, a.N, a.k, begin, end);
-    check_launch("indexer_topk (segments)");
-    std::size_t temp_bytes = a.temp_bytes;
-    check_cuda(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-                   a.temp, temp_bytes, a.logits, a.sorted_logits, a.ids, a.sorted_ids,
-                   static_cast<int>(a.batch * a.N), a.batch, begin, end, 0, 32, stream),
-               "cub::DeviceSegmentedRadixSort::SortPairsDescending");
-  }
-  topk_finalize_kernel<<<a.batch, 256, 0, stream>>>(a.seq_lens, a.N, a.k, a.sorted_ids, a.topk_local);
-  check_launch("indexer_topk (finalize)");
+  if (a.N > 0) require_ptr(fn, "logits", a.logits);
+  if (a.k <= kTopkThreads)
+    topk_kernel<1><<<a.batch, kTopkThreads, 0, stream>>>(a);
+  else if (a.k <= 2 * kTopkThreads)
+    topk_kernel<2><<<a.batch, kTopkThreads, 0, stream>>>(a);
+  else
+    topk_kernel<4><<<a.batch, kTopkThreads, 0, stream>>>(a);
+  check_launch(fn);
 }
 
 }  // namespace graphsafe::ds4::cuda

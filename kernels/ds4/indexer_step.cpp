@@ -20,28 +20,18 @@ IndexerSizes IndexerDecode::run(Stream s, const cuda::DeviceProblem& d, const cu
   IndexerSizes z;
   z.N = arena_.dimension(s, "ds4.indexer.rows", rows, compressed_rows_policy(sizing_), b);
   // Static once N is fixed: the guard lives on the dimension.
-  const std::int64_t items = static_cast<std::int64_t>(R) * z.N;
-  auto logits = arena_.request(s, "ds4.indexer.logits", items, sizeof(float), capacity_bound, b);
-  auto ids = arena_.request(s, "ds4.indexer.ids", items, sizeof(std::int32_t), capacity_bound, b);
-  auto sorted_logits = arena_.request(s, "ds4.indexer.sorted_logits", items, sizeof(float), capacity_bound, b);
-  auto sorted_ids = arena_.request(s, "ds4.indexer.sorted_ids", items, sizeof(std::int32_t), capacity_bound, b);
-  auto segments = arena_.request(s, "ds4.indexer.segments", 2 * R, sizeof(std::int32_t), capacity_bound, b);
-  const std::size_t temp_bytes = z.N > 0 ? cuda::indexer_topk_temp_bytes(R, z.N) : 0;
-  auto temp = arena_.request(s, "ds4.indexer.sort_temp", static_cast<std::int64_t>(temp_bytes), 1, capacity_bound, b);
-  z.workspace_bytes = logits.bytes() + ids.bytes() + sorted_logits.bytes() + sorted_ids.bytes() +
-                      segments.bytes() + temp.bytes();
+  auto logits = arena_.request(s, "ds4.indexer.logits", static_cast<std::int64_t>(R) * z.N, sizeof(float),
+                               capacity_bound, b);
+  z.workspace_bytes = logits.bytes();
 
   cudaStream_t cs = s.cuda();
   cuda::IndexerScoreArgs sa;
   sa.batch = R; sa.N = z.N; sa.seq_lens = d.seq_lens; sa.q = in.q; sa.weights = in.weights; sa.cache = in.cache;
   sa.block_table = d.cmp_block_table; sa.blocks_per_req = d.cmp_blocks_per_req;
-  sa.logits = logits.as<float>(); sa.ids = ids.as<std::int32_t>();
+  sa.logits = logits.as<float>();
   cuda::indexer_score(sa, cs);
   cuda::IndexerTopkArgs ta;
-  ta.batch = R; ta.N = z.N; ta.k = cfg_.topk; ta.seq_lens = d.seq_lens;
-  ta.logits = logits.as<float>(); ta.ids = ids.as<std::int32_t>();
-  ta.sorted_logits = sorted_logits.as<float>(); ta.sorted_ids = sorted_ids.as<std::int32_t>();
-  ta.segment_offsets = segments.as<std::int32_t>(); ta.temp = temp.data(); ta.temp_bytes = temp_bytes;
+  ta.batch = R; ta.N = z.N; ta.k = cfg_.topk; ta.seq_lens = d.seq_lens; ta.logits = logits.as<float>();
   ta.topk_local = topk_local;
   cuda::indexer_topk(ta, cs);
   return z;

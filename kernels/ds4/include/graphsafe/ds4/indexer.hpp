@@ -5,9 +5,8 @@
 //   // once per step, per C4 layer, all on `stream`, nothing read back to the host:
 //   cuda::indexer_compress_insert(kv_state, score_state, base, rows, slots, n, norm_w, theta, eps,
 //                                 icache, stream);                  // the new indexer key rows
-//   cuda::indexer_score({B, N, seq_lens, q, weights, icache, block_table, bpr, logits, ids}, stream);
-//   cuda::indexer_topk({B, N, K, seq_lens, logits, ids, sorted_logits, sorted_ids, temp, temp_bytes,
-//                       topk_local}, stream);                       // what combine_paged reads
+//   cuda::indexer_score({B, N, seq_lens, q, weights, icache, block_table, bpr, logits}, stream);
+//   cuda::indexer_topk({B, N, K, seq_lens, logits, topk_local}, stream);  // what combine_paged reads
 //
 // Indexer keys are 128-wide rows made by a second compressor with the C4 overlap rule (§2.2),
 // RMSNorm and rope on their last 64 dims, then quantized to fp8 e4m3 with one fp32 scale per row:

@@ -25,33 +25,18 @@ void indexer_compress_insert(const float* kv_state, const float* score_state, co
 
 struct IndexerScoreArgs {
   int batch = 0;
-  std::int64_t N = 0;                          // row stride of logits / ids (>= every n_c to be in bounds)
+  std::int64_t N = 0;                          // row stride of logits (rows past it are not scored)
   const std::int32_t* seq_lens = nullptr;      // [B] device; n_c = seq_len / 4
   const std::uint8_t* q = nullptr;             // fp8 e4m3 [B, 64, 128]
   const float* weights = nullptr;              // [B, 64]
   IndexerCache cache;                          // device base
   const std::int32_t* block_table = nullptr;   // [B, blocks_per_req] (the C4 compressed block table)
   int blocks_per_req = 0;
-  float* logits = nullptr;                     // out [B, N]: rows s < n_c(b) written
-  std::int32_t* ids = nullptr;                 // out [B, N]: s at [b*N + s], the values top-k sorts
+  float* logits = nullptr;                     // out [B, N]: rows s < min(n_c(b), N) written
 };
 // Tensor cores (fp8 mma.sync, fp32 accumulate). No bound check against N (see the header comment).
 void indexer_score(const IndexerScoreArgs& a, cudaStream_t stream);
 
-struct IndexerTopkArgs {
-  int batch = 0;
-  std::int64_t N = 0;                          // as for indexer_score; B * N <= 2^31 - 1
-  int k = 512;                                 // K: row stride of topk_local
-  const std::int32_t* seq_lens = nullptr;      // [B] device
-  const float* logits = nullptr;               // [B, N] from indexer_score
-  const std::int32_t* ids = nullptr;           // [B, N] from indexer_score
-  float* sorted_logits = nullptr;              // scratch [B, N]
-  std::int32_t* sorted_ids = nullptr;          // scratch [B, N]
-  std::int32_t* segment_offsets = nullptr;     // scratch [2 * B]
-  void* temp = nullptr;                        // indexer_topk_temp_bytes(batch, N)
-  std::size_t temp_bytes = 0;
-  std::int32_t* topk_local = nullptr;          // out [B, K]
-};
 // Copies make_indexer_inputs' arrays to the device (synchronous; not under capture).
 struct DeviceIndexerInputs {
   IndexerCache cache;                 // device base
@@ -61,9 +46,19 @@ struct DeviceIndexerInputs {
 };
 DeviceIndexerInputs upload(const ref::IndexerInputs& in);
 
-// CUB's segmented radix sort (stable, descending) over each request's n_c scores, then the K best
-// (or the short-context rows) into topk_local. The temporary storage depends on B and N only.
-std::size_t indexer_topk_temp_bytes(int batch, std::int64_t N);
+inline constexpr int kIndexerMaxTopk = 2048;   // K up to V4-Pro's C4 1024, with room
+
+struct IndexerTopkArgs {
+  int batch = 0;
+  std::int64_t N = 0;                          // as for indexer_score; B * N <= 2^31 - 1
+  int k = 512;                                 // K (<= kIndexerMaxTopk): row stride of topk_local
+  const std::int32_t* seq_lens = nullptr;      // [B] device
+  const float* logits = nullptr;               // [B, N] from indexer_score
+  std::int32_t* topk_local = nullptr;          // out [B, K]
+};
+// One CTA per request: a radix select of the K-th best score, then CUB's BlockRadixSort orders the
+// picked rows (the selection rule of indexer.hpp). Needs no workspace beyond the logits. Rows
+// past min(n_c, N) are never read.
 void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream);
 
 }  // namespace cuda

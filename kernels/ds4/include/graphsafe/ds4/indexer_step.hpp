@@ -11,9 +11,8 @@
 // The scores of request b live at logits[b * N + s] for its n_c = L_b / 4 rows: N is a row stride a
 // graph freezes, so it is a graphsafe dimension written in the lengths, max_b floor(L_b / 4), sized
 // by the policy (Sizing::safe and capacity: ceil(max_model_len / 4); Sizing::exact: the capture-time
-// value, reported at capture and refused at replay once a sequence outgrows it). The logits, the
-// row ids, their sorted copies, the segment offsets and CUB's temporary storage are requests of
-// that stride; they are released when run() returns.
+// value, reported at capture and refused at replay once a sequence outgrows it). The logits
+// workspace [R, N] is the step's only request; it is released when run() returns.
 #pragma once
 
 #include <graphsafe/arena.hpp>
