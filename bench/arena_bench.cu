@@ -15,6 +15,10 @@
 // ratio = baseline_value / value (how many times cheaper than the baseline), null without baseline.
 #include <graphsafe/graphsafe.hpp>
 
+#include "bench_support.hpp"
+
+#include <CLI/CLI.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -31,18 +35,11 @@
 #include <vector>
 
 using namespace graphsafe;
+namespace bench = graphsafe::bench;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct Record {
-  std::string name;
-  double value = 0;
-  std::string unit;
-  std::string baseline_name;  // empty: none
-  double baseline_value = 0;
-};
 
 struct Config {
   int samples = 101;  // medians over this many samples
@@ -75,34 +72,6 @@ double per_op_ns(const Config& c, Op&& op, Between&& between) {
     between();
   }
   return median(std::move(t));
-}
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    switch (ch) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\t': o += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", ch);
-          o += buf;
-        } else {
-          o += ch;
-        }
-    }
-  }
-  return o;
-}
-
-std::string num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
 }
 
 __global__ void touch_kernel(int* p, int v) {
@@ -154,20 +123,27 @@ void ds4_step(Arena& arena, cudaStream_t s, const Ds4Syms& y, const Bindings& b,
 int main(int argc, char** argv) {
   std::string json_path;
   Config cfg;
-  std::string command;
-  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-    } else if (a == "--quick") {
-      cfg.samples = 21;
-      cfg.batch = 200;
-      cfg.launches = 300;
-    } else {
-      std::fprintf(stderr, "usage: %s [--json out.json] [--quick]\n", argv[0]);
-      return 2;
-    }
+  const std::string command = bench::command_line(argc, argv);
+  CLI::App app("arena_bench: host-side costs of graphsafe next to the CUDA calls they replace", "arena_bench");
+  app.add_option("--json", json_path, "write the records to this file");
+  bool quick = false;
+  app.add_flag("--quick", quick, "fewer samples (a smoke run)");
+  try {
+    app.parse(argc, argv);
+    if (!json_path.empty()) bench::check_writable(json_path);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "arena_bench: %s (--help lists the options)\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "arena_bench: --json: %s\n", e.what());
+    return 2;
+  }
+  if (quick) {
+    cfg.samples = 21;
+    cfg.batch = 200;
+    cfg.launches = 300;
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -183,7 +159,7 @@ int main(int argc, char** argv) {
     cudaStream_t s = nullptr;
     GRAPHSAFE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     auto sync = [&] { GRAPHSAFE_CUDA(cudaStreamSynchronize(s)); };
-    std::vector<Record> rec;
+    std::vector<bench::Record> rec;
 
     // ---- (a) eager pairs ------------------------------------------------------------------------
     std::mt19937_64 rng(2024);
@@ -376,24 +352,7 @@ int main(int argc, char** argv) {
                 (check_safe / launch < 1.0 / 3 && guard_fraction < 1.0 / 3) ? "met" : "MISSED");
 
     if (!json_path.empty()) {
-      std::ofstream out(json_path);
-      if (!out) {
-        std::fprintf(stderr, "arena_bench: cannot write %s\n", json_path.c_str());
-        return 1;
-      }
-      out << "[\n";
-      for (std::size_t i = 0; i < rec.size(); ++i) {
-        const auto& r = rec[i];
-        const bool has_base = !r.baseline_name.empty();
-        out << "  {\"name\": \"" << json_escape(r.name) << "\", \"value\": " << num(r.value) << ", \"unit\": \""
-            << json_escape(r.unit) << "\", \"baseline_name\": "
-            << (has_base ? "\"" + json_escape(r.baseline_name) + "\"" : std::string("null"))
-            << ", \"baseline_value\": " << (has_base ? num(r.baseline_value) : std::string("null"))
-            << ", \"ratio\": " << (has_base ? num(r.baseline_value / r.value) : std::string("null"))
-            << ", \"machine\": \"" << json_escape(machine) << "\", \"command\": \"" << json_escape(command) << "\"}"
-            << (i + 1 < rec.size() ? "," : "") << "\n";
-      }
-      out << "]\n";
+      bench::write_records(json_path, rec, machine, command);
       std::printf("wrote %zu records to %s\n", rec.size(), json_path.c_str());
     }
     (void)sink;

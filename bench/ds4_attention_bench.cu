@@ -1,4 +1,4 @@
-// DS4 sparse decode attention benchmark (SPEC.md 7.2 default shape): B = 64, H = 64, K = 512,
+// DS4 sparse decode attention benchmark (V4-Flash decode shape): B = 64, H = 64, K = 512,
 // W = 128, max_model_len = 65,536, context lengths uniform in [1, 65,536] (fixed seed).
 //
 // For each layer type (C4, C128, C1) it builds `--layers` (default 43) layers with DISTINCT caches
@@ -11,9 +11,18 @@
 // max(bytes / copy BW, FLOPs / GEMM rate) with bytes = attended KV rows * 584 + q + out.
 // Prints a table; --json PATH writes records {name, value, unit, baseline_name, baseline_value,
 // ratio, machine, command}.
-#include <graphsafe/ds4/detail/timeline.hpp>
+#ifdef GRAPHSAFE_DS4_TIMELINE
+// The timeline build instantiates the paged attention with the timeline probe here (the library
+// ships the kernel without instrumentation).
+#include "../kernels/ds4/attention/timeline.cuh"
+#endif
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/layout.hpp>
+
+#include "bench_support.hpp"
+#include "timeline.hpp"  // kernels/ds4: the kernel's timeline record layout
+
+#include <CLI/CLI.hpp>
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -33,6 +42,7 @@
 #include <vector>
 
 namespace ds4 = graphsafe::ds4;
+namespace bench = graphsafe::bench;
 namespace gk = graphsafe::ds4::cuda;
 namespace tl = graphsafe::ds4::cuda::timeline;
 
@@ -138,16 +148,9 @@ cudaGraphExec_t capture(cudaStream_t st, F&& fn) {
   return ge;
 }
 
-struct Record {
-  std::string name;
-  double value;
-  std::string unit, baseline_name;
-  double baseline_value, ratio;
-};
-
 #ifdef GRAPHSAFE_DS4_TIMELINE
 // Breakdown of one graph replay of the sweep from the kernel's clock64 stamps (record layout:
-// graphsafe/ds4/detail/timeline.hpp): medians over the CTAs of the layers 2 .. L-2, in
+// kernels/ds4/timeline.hpp): medians over the CTAs of the layers 2 .. L-2, in
 // microseconds at the SM clock.
 void print_timeline(const std::vector<unsigned long long>& v, int grid, double clock_ghz) {
   constexpr int S = tl::kSlots;
@@ -243,51 +246,57 @@ void print_timeline(const std::vector<unsigned long long>& v, int grid, double c
 }
 #endif
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
-}
-
 }  // namespace
 
+// The paged-direct attention under test (in the timeline build: the instrumented kernel).
+void paged_attention(const gk::PagedAttentionArgs& a, cudaStream_t st, const gk::AttentionOptions& o) {
+#ifdef GRAPHSAFE_DS4_TIMELINE
+  tl::sparse_attention_paged(a, st, o);
+#else
+  gk::sparse_attention_paged(a, st, o);
+#endif
+}
+
 int main(int argc, char** argv) {
-  std::string json_path, types = "c4,c128,c1";
+  std::string json_path;
+  std::vector<std::string> types = {"c4", "c128", "c1"};
   int layers = 43, B = 64, H = 64, reps = 10, topk = 512, max_len = 65536;
-  std::string command;
-  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--json") json_path = next();
-    else if (a == "--layers") layers = std::stoi(next());
-    else if (a == "--batch") B = std::stoi(next());
-    else if (a == "--heads") H = std::stoi(next());
-    else if (a == "--reps") reps = std::stoi(next());
-    else if (a == "--topk") topk = std::stoi(next());
-    else if (a == "--max-len") max_len = std::stoi(next());
-    else if (a == "--types") types = next();
-    else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--layers 43] [--batch 64] [--heads 64] [--topk 512] "
-                           "[--max-len 65536] [--reps 10] [--types c4,c128,c1]\n", argv[0]);
-      return 2;
-    }
+  const std::string command = bench::command_line(argc, argv);
+  CLI::App app("ds4_attention_bench: DS4 sparse decode attention per layer against the physical bound",
+               "ds4_attention_bench");
+  app.add_option("--json", json_path, "write the records to this file");
+  app.add_option("--layers", layers, "layers with distinct caches per sweep")->check(CLI::Range(1, 1024));
+  app.add_option("--batch", B, "requests")->check(CLI::Range(1, 4096));
+  app.add_option("--heads", H, "query heads (64 or 128)")->check(CLI::IsMember({64, 128}));
+  app.add_option("--reps", reps, "graph replays per timing (median)")->check(CLI::Range(1, 100000));
+  app.add_option("--topk", topk, "C4 indexer picks")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--max-len", max_len, "max_model_len")->check(CLI::Range(256, 1 << 24));
+  app.add_option("--types", types, "layer types, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"c4", "c128", "c1"}));
+  try {
+    app.parse(argc, argv);
+    if (!json_path.empty()) bench::check_writable(json_path);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "ds4_attention_bench: %s (--help lists the options)\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ds4_attention_bench: --json: %s\n", e.what());
+    return 2;
   }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   const char* engine = std::getenv("GRAPHSAFE_DS4_ATTENTION");
   const std::string machine = std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) + " SMs";
-  // sparse_attention.cu's rule: "mma_sync" selects it, anything else the default ws kernel.
+  // GRAPHSAFE_DS4_ATTENTION=mma_sync times the portable engine (the launchers' options argument).
   const std::string engine_name = engine != nullptr && std::string(engine) == "mma_sync" ? "mma_sync" : "ws";
+  gk::AttentionOptions opts;
+  if (engine_name == "mma_sync") opts.engine = gk::AttentionEngine::mma_sync;
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  std::vector<Record> recs;
+  std::vector<bench::Record> recs;
 
   // ---- ceilings: copy bandwidth and bf16 tensor-core GEMM rate
   double copy_bw = 0, tc_rate = 0;
@@ -368,16 +377,7 @@ int main(int argc, char** argv) {
   std::printf("\n%-6s %-28s %10s %10s %10s %10s %8s\n", "type", "path", "us/layer", "KV MB", "GB/s", "TFLOP/s", "x bound");
   auto type_list = [&] {
     std::vector<int> r;
-    std::size_t pos = 0;
-    while (pos <= types.size()) {
-      const std::size_t c = types.find(',', pos);
-      const std::string t = types.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
-      if (t == "c4") r.push_back(4);
-      else if (t == "c128") r.push_back(128);
-      else if (t == "c1") r.push_back(1);
-      if (c == std::string::npos) break;
-      pos = c + 1;
-    }
+    for (const std::string& t : types) r.push_back(t == "c4" ? 4 : (t == "c128" ? 128 : 1));
     return r;
   }();
 
@@ -493,14 +493,14 @@ int main(int argc, char** argv) {
 
     pa.swa = swa[0];
     if (ratio > 1) pa.cmp = cmp[0];
-    gk::sparse_attention_paged(pa, st);  // eager first call (one-time attribute setup outside capture)
+    paged_attention(pa, st, opts);  // eager first call (one-time attribute setup outside capture)
     CK(cudaStreamSynchronize(st));
     auto g_idx = capture(st, [&] { for (int l = 0; l < layers; ++l) gk::combine_paged(pi, st); });
     auto g_paged = capture(st, [&] {
       for (int l = 0; l < layers; ++l) {
         pa.swa = swa[l];
         if (ratio > 1) pa.cmp = cmp[l];
-        gk::sparse_attention_paged(pa, st);
+        paged_attention(pa, st, opts);
       }
     });
     const double us_idx = time_graph(g_idx, st, reps) * 1e3 / layers;
@@ -538,7 +538,7 @@ int main(int argc, char** argv) {
     ga.cmp = ratio > 1 ? cmp[0] : swa[0];
     gk::combine_gather(gi, st);
     gk::gather_workspace(ga, st);
-    gk::sparse_attention_workspace(wa, st);  // eager first call
+    gk::sparse_attention_workspace(wa, st, opts);  // eager first call
     CK(cudaStreamSynchronize(st));
     auto g_gather = capture(st, [&] {
       for (int l = 0; l < layers; ++l) {
@@ -546,23 +546,23 @@ int main(int argc, char** argv) {
         ga.cmp = ratio > 1 ? cmp[l] : swa[l];
         gk::combine_gather(gi, st);
         gk::gather_workspace(ga, st);
-        gk::sparse_attention_workspace(wa, st);
+        gk::sparse_attention_workspace(wa, st, opts);
       }
     });
     const double us_gpath = time_graph(g_gather, st, reps) * 1e3 / layers;
-    auto g_wsonly = capture(st, [&] { for (int l = 0; l < layers; ++l) gk::sparse_attention_workspace(wa, st); });
+    auto g_wsonly = capture(st, [&] { for (int l = 0; l < layers; ++l) gk::sparse_attention_workspace(wa, st, opts); });
     const double us_wsonly = time_graph(g_wsonly, st, reps) * 1e3 / layers;
     // correctness smoke: paged vs gather path on the last layer (bitwise equal by construction)
     std::vector<std::uint16_t> o1(std::size_t(B) * H * 512), o2(o1.size());
     pa.swa = swa[layers - 1];
     if (ratio > 1) pa.cmp = cmp[layers - 1];
-    gk::sparse_attention_paged(pa, st);
+    paged_attention(pa, st, opts);
     CK(cudaMemcpyAsync(o1.data(), out, o1.size() * 2, cudaMemcpyDeviceToHost, st));
     ga.swa = swa[layers - 1];
     ga.cmp = ratio > 1 ? cmp[layers - 1] : swa[layers - 1];
     gk::combine_gather(gi, st);
     gk::gather_workspace(ga, st);
-    gk::sparse_attention_workspace(wa, st);
+    gk::sparse_attention_workspace(wa, st, opts);
     CK(cudaMemcpyAsync(o2.data(), out, o2.size() * 2, cudaMemcpyDeviceToHost, st));
     CK(cudaStreamSynchronize(st));
     const bool same = o1 == o2;
@@ -603,26 +603,7 @@ int main(int argc, char** argv) {
   }
 
   if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    f << "[\n";
-    for (std::size_t i = 0; i < recs.size(); ++i) {
-      const Record& r = recs[i];
-      char buf[64];
-      f << "  {\"name\": \"" << json_escape(r.name) << "\", ";
-      std::snprintf(buf, sizeof buf, "%.6g", r.value);
-      f << "\"value\": " << buf << ", \"unit\": \"" << r.unit << "\", \"baseline_name\": ";
-      if (r.baseline_name.empty()) f << "null, \"baseline_value\": null, \"ratio\": null, ";
-      else {
-        f << "\"" << json_escape(r.baseline_name) << "\", ";
-        std::snprintf(buf, sizeof buf, "%.6g", r.baseline_value);
-        f << "\"baseline_value\": " << buf << ", ";
-        std::snprintf(buf, sizeof buf, "%.6g", r.ratio);
-        f << "\"ratio\": " << buf << ", ";
-      }
-      f << "\"machine\": \"" << json_escape(machine) << "\", \"command\": \"" << json_escape(command) << "\"}"
-        << (i + 1 < recs.size() ? ",\n" : "\n");
-    }
-    f << "]\n";
+    bench::write_records(json_path, recs, machine, command);
     std::printf("\nwrote %zu records to %s\n", recs.size(), json_path.c_str());
   }
   return 0;

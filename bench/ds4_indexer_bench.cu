@@ -13,15 +13,15 @@
 // baseline_name, baseline_value, ratio, machine, command}.
 #include <graphsafe/ds4/indexer_kernels.hpp>
 
+#include "bench_support.hpp"
+
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
@@ -105,8 +105,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-len", max_len, "max_model_len (tokens)")->check(CLI::Range(4, 1 << 20));
   app.add_option("--reps", reps, "timed replays")->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
-  std::string command = "ds4_indexer_bench";
-  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  if (!json_path.empty()) graphsafe::bench::check_writable(json_path);
+  const std::string command = graphsafe::bench::command_line(argc, argv);
 
   int dev_count = 0;
   if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
@@ -198,27 +198,15 @@ int main(int argc, char** argv) {
   std::printf("%-24s %10.2f\n", "physical bound", bound_us);
 
   if (!json_path.empty()) {
-    const std::string machine = prop.name;
+    namespace gb = graphsafe::bench;
     const std::string p = "ds4_indexer_B" + std::to_string(batch) + "_K" + std::to_string(topk);
-    auto rec = [&](const std::string& name, double v, const std::string& unit, const std::string& bn, double bv) {
-      nlohmann::json r = {{"name", name}, {"value", v}, {"unit", unit}, {"machine", machine}, {"command", command}};
-      r["baseline_name"] = bn;
-      r["baseline_value"] = bv;
-      r["ratio"] = bv > 0 ? v / bv : 0.0;
-      return r;
-    };
-    nlohmann::json out = nlohmann::json::array();
-    out.push_back(rec(p + "_score_topk_us_per_layer", both_us, "us", "physical_bound_us", bound_us));
-    out.push_back(rec(p + "_score_us_per_layer", score_us, "us", "physical_bound_us", bound_us));
-    out.push_back(rec(p + "_topk_us_per_layer", topk_us, "us", "", 0));
-    out.push_back(rec(p + "_physical_bound_us", bound_us, "us", "", 0));
-    std::ofstream f(json_path);
-    if (!f) {
-      std::fprintf(stderr, "ds4_indexer_bench: cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-    f << out.dump(2) << "\n";
-    std::printf("wrote %zu records to %s\n", out.size(), json_path.c_str());
+    std::vector<gb::Record> recs;
+    recs.push_back({p + "_score_topk_us_per_layer", both_us, "us", "physical_bound_us", bound_us, both_us / bound_us});
+    recs.push_back({p + "_score_us_per_layer", score_us, "us", "physical_bound_us", bound_us, score_us / bound_us});
+    recs.push_back({p + "_topk_us_per_layer", topk_us, "us", "", 0, {}});
+    recs.push_back({p + "_physical_bound_us", bound_us, "us", "", 0, {}});
+    gb::write_records(json_path, recs, prop.name, command);
+    std::printf("wrote %zu records to %s\n", recs.size(), json_path.c_str());
   }
   CK(cudaStreamDestroy(st));
   return 0;

@@ -1,4 +1,4 @@
-// vmm_growth_bench: virtual growth over a realistic decode trace (issue 5).
+// vmm_growth_bench: virtual growth over a realistic decode trace.
 //
 // B = 64 requests, DS4 gather-workspace shapes for a C4 + a C128 + a C1 layer at max_model_len 64K
 // and 1M, in two layouts of the gather workspace kv (bf16 rows of 512, W = 128 SWA rows):
@@ -14,7 +14,7 @@
 // new prompt drawn log-uniform in [256, max_model_len/2].
 //
 // Per step (every step is measured) the physical bytes committed (mapped) at launch against
-//   - the exact need (bytes the step touches), and the issue's target, read two ways:
+//   - the exact need (bytes the step touches), and the target, read two ways:
 //       per workspace:  committed <= 1.10 x exact + one granule per workspace (9 granules)
 //       per range:      committed <= 1.10 x exact + one granule per separately addressed range
 //                       (ragged: 9; strided: one per request per non-empty range, up to 2 x 64 x 3)
@@ -31,6 +31,10 @@
 // CSV (optional): one row per step and trace: committed, exact, floor, both targets.
 #include <graphsafe/graphsafe.hpp>
 
+#include "bench_support.hpp"
+
+#include <CLI/CLI.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -45,6 +49,7 @@
 #include <vector>
 
 using namespace graphsafe;
+namespace bench = graphsafe::bench;
 
 namespace {
 
@@ -52,14 +57,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int kB = 64;
 constexpr int kW = 128;
 constexpr int kD = 512;
-
-struct Record {
-  std::string name;
-  double value = 0;
-  std::string unit;
-  std::string baseline_name;
-  double baseline_value = 0;
-};
 
 enum class Layout { ragged, strided };
 const char* layout_name(Layout l) { return l == Layout::ragged ? "ragged" : "strided"; }
@@ -160,15 +157,6 @@ double mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
   return v.empty() ? 0 : s / v.size();
-}
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
 }
 
 struct TraceResult {
@@ -332,22 +320,29 @@ TraceResult run_trace(const TraceOptions& o, double* capacity_plan_bytes, double
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path, csv_path, command;
+  std::string json_path, csv_path;
   int steps = 20000, print_every = 1000;
-  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else if (a == "--csv" && i + 1 < argc) csv_path = argv[++i];
-    else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (a == "--print-every" && i + 1 < argc) print_every = std::atoi(argv[++i]);
-    else if (a == "--quick") steps = 2000;
-    else {
-      std::fprintf(stderr, "usage: %s [--json out.json] [--steps N] [--quick] [--print-every N] [--csv out.csv]\n",
-                   argv[0]);
-      return 2;
-    }
+  const std::string command = bench::command_line(argc, argv);
+  CLI::App app("vmm_growth_bench: virtual growth over a B = 64 DS4 decode trace", "vmm_growth_bench");
+  app.add_option("--json", json_path, "write the records to this file");
+  app.add_option("--csv", csv_path, "write every step's figures to this file");
+  app.add_option("--steps", steps, "trace length")->check(CLI::Range(1, 10000000));
+  app.add_option("--print-every", print_every, "progress line every N steps")->check(CLI::Range(1, 10000000));
+  bool quick = false;
+  app.add_flag("--quick", quick, "2,000 steps (a smoke run)");
+  try {
+    app.parse(argc, argv);
+    if (!json_path.empty()) bench::check_writable(json_path);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "vmm_growth_bench: %s (--help lists the options)\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "vmm_growth_bench: --json: %s\n", e.what());
+    return 2;
   }
+  if (quick) steps = 2000;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
     std::fprintf(stderr, "vmm_growth_bench: no CUDA device\n");
@@ -368,12 +363,12 @@ int main(int argc, char** argv) {
   const double min_g = static_cast<double>(CudaVirtualMemory::minimum_granularity(dev));
   const double rec_g = static_cast<double>(CudaVirtualMemory::recommended_granularity(dev));
   const double MiB = 1048576.0;
-  std::vector<Record> rec;
+  std::vector<bench::Record> rec;
   std::printf("vmm_growth_bench on %s: B=%d, C4 + C128 + C1 layers, %d steps per trace\n", machine.c_str(), kB, steps);
   std::printf("allocation granularity (pinned device memory): minimum %.2f MiB, recommended %.2f MiB; chunks use the "
               "minimum, nothing finer can be mapped\n",
               min_g / MiB, rec_g / MiB);
-  std::printf("target (issue 5): committed <= 1.10 x exact need + one granule per workspace (9 workspaces); also "
+  std::printf("target: committed <= 1.10 x exact need + one granule per workspace (9 workspaces); also "
               "reported per separately addressed range\n");
   rec.push_back({"vmm.granularity.minimum", min_g, "bytes", "vmm.granularity.recommended", rec_g});
   for (int max_len : {65536, 1048576}) {
@@ -439,29 +434,12 @@ int main(int argc, char** argv) {
   }
   if (csv) std::fclose(csv);
   if (!json_path.empty()) {
-    std::ofstream out(json_path);
-    if (!out) {
-      std::fprintf(stderr, "vmm_growth_bench: cannot write %s\n", json_path.c_str());
+    try {
+      bench::write_records(json_path, rec, machine, command);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "vmm_growth_bench: %s\n", e.what());
       return 1;
     }
-    auto num = [](double v) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%.6g", v);
-      return std::string(buf);
-    };
-    out << "[\n";
-    for (std::size_t i = 0; i < rec.size(); ++i) {
-      const Record& r = rec[i];
-      const bool has_base = !r.baseline_name.empty();
-      out << "  {\"name\": \"" << json_escape(r.name) << "\", \"value\": " << num(r.value) << ", \"unit\": \""
-          << json_escape(r.unit) << "\", \"baseline_name\": "
-          << (has_base ? "\"" + json_escape(r.baseline_name) + "\"" : std::string("null"))
-          << ", \"baseline_value\": " << (has_base ? num(r.baseline_value) : std::string("null"))
-          << ", \"ratio\": " << (has_base && r.value != 0 ? num(r.baseline_value / r.value) : std::string("null"))
-          << ", \"machine\": \"" << json_escape(machine) << "\", \"command\": \"" << json_escape(command) << "\"}"
-          << (i + 1 < rec.size() ? "," : "") << "\n";
-    }
-    out << "]\n";
     std::printf("wrote %zu records to %s\n", rec.size(), json_path.c_str());
   }
   return 0;

@@ -44,7 +44,11 @@
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/reference.hpp>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -53,7 +57,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cerrno>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numeric>
@@ -83,118 +89,139 @@ struct Options {
   std::string command;
 };
 
-void usage(std::FILE* f) {
-  std::fprintf(f,
-               "usage: ds4_decode_demo [--policy all|capacity|static-query|exact] [--layers N] [--heads H]\n"
-               "                       [--batch B] [--max-model-len L] [--steps S] [--check-every N]\n"
-               "                       [--seed X] [--no-recapture] [--json out.json] [--host]\n"
-               "  An attention-only DS4 decode loop over a V4-Flash-like layer schedule (2 SWA-only layers,\n"
-               "  then C4 and C128 alternating): one graph per batch bucket in one capture family, a growth\n"
-               "  trace replayed and checked against eager bit for bit every --check-every steps.\n"
-               "  GPU defaults: --layers 43 --heads 64 --batch 64 --max-model-len 65536 --steps 64 --check-every 8\n"
-               "  host defaults (no CUDA device, or --host): --heads 4 --batch 4 --max-model-len 512 --steps 16\n"
-               "                 --check-every 4 (W = 4, K = 8: SPEC.md 7.3)\n");
-}
-
-bool parse_int(std::string_view v, int& out) {
-  try {
-    std::size_t pos = 0;
-    const long long x = std::stoll(std::string(v), &pos);
-    if (pos != v.size() || x < 0 || x > (1ll << 30)) return false;
-    out = static_cast<int>(x);
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
-std::optional<Options> parse(int argc, char** argv) {
-  Options o;
-  for (int i = 0; i < argc; ++i) {
-    if (i) o.command += ' ';
-    o.command += argv[i];
-  }
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (const auto eq = a.find('='); a.starts_with("--") && eq != std::string::npos) {
-      value = a.substr(eq + 1);
-      a = a.substr(0, eq);
-      has_value = true;
-    }
-    auto next = [&]() -> std::optional<std::string> {
-      if (has_value) return value;
-      if (i + 1 < argc) return std::string(argv[++i]);
-      return std::nullopt;
-    };
-    auto int_opt = [&](std::optional<int>& dst, int min) -> bool {
-      const auto v = next();
-      int x = 0;
-      if (!v || !parse_int(*v, x) || x < min) {
-        std::fprintf(stderr, "ds4_decode_demo: %s needs an integer >= %d\n", a.c_str(), min);
-        return false;
-      }
-      dst = x;
-      return true;
-    };
-    if (a == "--policy") {
-      const auto v = next();
-      if (!v) return std::nullopt;
-      o.policy = *v;
-    } else if (a == "--layers") {
-      if (!int_opt(o.layers, 1)) return std::nullopt;
-    } else if (a == "--heads") {
-      if (!int_opt(o.heads, 1)) return std::nullopt;
-    } else if (a == "--batch") {
-      if (!int_opt(o.batch, 1)) return std::nullopt;
-    } else if (a == "--max-model-len") {
-      if (!int_opt(o.max_model_len, 16)) return std::nullopt;
-    } else if (a == "--steps") {
-      if (!int_opt(o.steps, 1)) return std::nullopt;
-    } else if (a == "--check-every") {
-      if (!int_opt(o.check_every, 1)) return std::nullopt;
-    } else if (a == "--seed") {
-      const auto v = next();
-      int x = 0;
-      if (!v || !parse_int(*v, x)) return std::nullopt;
-      o.seed = static_cast<std::uint64_t>(x);
-    } else if (a == "--no-recapture") {
-      o.recapture = false;
-    } else if (a == "--json") {
-      const auto v = next();
-      if (!v) return std::nullopt;
-      o.json = *v;
-    } else if (a == "--host") {
-      o.force_host = true;
-    } else if (a == "--inject-corruption") {
-      o.inject = has_value ? value : "unguarded";
-      if (o.inject != "unguarded" && o.inject != "flip") return std::nullopt;
-    } else if (a == "-h" || a == "--help") {
-      usage(stdout);
-      std::exit(0);
-    } else {
-      std::fprintf(stderr, "ds4_decode_demo: unknown argument '%s'\n", argv[i]);
-      return std::nullopt;
-    }
-  }
-  if (o.policy != "all" && o.policy != "capacity" && o.policy != "static-query" && o.policy != "exact") {
-    std::fprintf(stderr, "ds4_decode_demo: unknown policy '%s'\n", o.policy.c_str());
-    return std::nullopt;
-  }
-  return o;
-}
-
-// ------------------------------------------------------------------------------------------------
-// Model, shapes, trace
-
-// Resolved shapes (defaults depend on the backend).
 struct Shapes {
   int layers = 43, heads = 64, batch = 64, max_model_len = 65536, steps = 64, check_every = 8;
   int window = 128, topk = 512, swa_block_tokens = 64;
   std::vector<int> buckets;  // ascending; the last one is `batch`
 };
 
+// Upper limits of the sizes, checked before any work (element counts stay far inside the kernels'
+// 32-bit indices). Within them, the memory a run needs is estimated from measurements of this demo,
+// per layer x request x token of max_model_len: ~2.6 KB of host memory on the host path (per-layer
+// problems, caches and workspaces all live in host memory) and ~160 B of device memory on the CUDA
+// path (mostly the family's workspace region: 22.6 GiB at 43 x 64 x 65,536).
+struct Limits {
+  int layers, heads, batch, max_model_len, steps;
+};
+constexpr Limits kLimits{128, 128, 1024, 1 << 20, 1 << 20};
+constexpr double kHostBytesPerUnit = 2600;
+constexpr double kDeviceBytesPerUnit = 160;
+
+const char* const kDescription =
+    "An attention-only DS4 decode loop over a V4-Flash-like layer schedule (2 SWA-only layers, then C4\n"
+    "and C128 alternating): one graph per batch bucket in one capture family, a growth trace replayed\n"
+    "and checked against eager bit for bit every --check-every steps.\n"
+    "GPU defaults: --layers 43 --heads 64 --batch 64 --max-model-len 65536 --steps 64 --check-every 8\n"
+    "host defaults (no CUDA device, or --host): --heads 4 --batch 4 --max-model-len 512 --steps 16\n"
+    "  --check-every 4, window 4, top-k 8\n"
+    "limits: --layers 128, --heads 128, --batch 1024, --max-model-len 1048576, --steps 1048576, and the\n"
+    "  memory of the machine (estimated before the run: layers x batch x max-model-len x ~2.6 KB of host\n"
+    "  memory on the host path, ~160 B of device memory on the CUDA path)";
+
+// Parses argv with CLI11. Bad arguments: one line on stderr naming the option, the value and what is
+// allowed, then exit code 2. --help: the usage on stdout, exit 0.
+std::optional<Options> parse(int argc, char** argv, int& exit_code) {
+  Options o;
+  for (int i = 0; i < argc; ++i) {
+    if (i) o.command += ' ';
+    o.command += argv[i];
+  }
+  CLI::App app(kDescription, "ds4_decode_demo");
+  app.add_option("--policy", o.policy, "all, capacity, static-query or exact")
+      ->check(CLI::IsMember({"all", "capacity", "static-query", "exact"}));
+  app.add_option("--layers", o.layers, "attention layers")->check(CLI::Range(1, kLimits.layers));
+  app.add_option("--heads", o.heads, "query heads (the CUDA kernels take 64 or 128)")
+      ->check(CLI::Range(1, kLimits.heads));
+  app.add_option("--batch", o.batch, "largest batch bucket (the buckets halve down to batch / 8)")
+      ->check(CLI::Range(1, kLimits.batch));
+  app.add_option("--max-model-len", o.max_model_len, "longest sequence")
+      ->check(CLI::Range(16, kLimits.max_model_len));
+  app.add_option("--steps", o.steps, "decode steps")->check(CLI::Range(1, kLimits.steps));
+  app.add_option("--check-every", o.check_every, "compare replay with eager every N steps")
+      ->check(CLI::Range(1, kLimits.steps));
+  app.add_option("--seed", o.seed, "seed of the inputs and the trace");
+  app.add_flag("--no-recapture", [&o](std::int64_t) { o.recapture = false; },
+               "stop at the first refused replay instead of re-capturing");
+  app.add_option("--json", o.json, "write the figures as JSON records to this file");
+  app.add_flag("--host", o.force_host, "run on the host backend even with a CUDA device");
+  // Test hook (hidden): make the run fail on purpose, see the header comment.
+  auto* inject = app.add_option("--inject-corruption", o.inject)
+                     ->expected(0, 1)
+                     ->check(CLI::IsMember({"", "unguarded", "flip"}))
+                     ->group("");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    exit_code = app.exit(e);
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "ds4_decode_demo: %s (--help lists the options)\n", e.what());
+    exit_code = 2;
+    return std::nullopt;
+  }
+  if (inject->count() > 0 && o.inject.empty()) o.inject = "unguarded";
+  return o;
+}
+
+// The sizes against the limits and the memory of the backend that will run them, and the --json
+// path, before any work: a bad value is one line on stderr naming the value and the limit, exit 2.
+bool check_inputs(const Shapes& sh, const Options& opt, bool gpu) {
+  auto within = [&](const char* name, int value, int limit) {
+    if (value <= limit) return true;
+    std::fprintf(stderr, "ds4_decode_demo: %s %d exceeds the limit %d\n", name, value, limit);
+    return false;
+  };
+  if (!within("--layers", sh.layers, kLimits.layers) || !within("--heads", sh.heads, kLimits.heads) ||
+      !within("--batch", sh.batch, kLimits.batch) || !within("--max-model-len", sh.max_model_len, kLimits.max_model_len) ||
+      !within("--steps", sh.steps, kLimits.steps))
+    return false;
+  if (gpu && sh.heads != 64 && sh.heads != 128) {
+    std::fprintf(stderr, "ds4_decode_demo: the CUDA kernels take --heads 64 or 128 (got %d)\n", sh.heads);
+    return false;
+  }
+  if (sh.max_model_len < 8 * sh.window || sh.steps * 4 > sh.max_model_len) {
+    std::fprintf(stderr, "ds4_decode_demo: --max-model-len %d must be >= 8 x window (%d) and >= 4 x --steps (%d)\n",
+                 sh.max_model_len, sh.window, sh.steps);
+    return false;
+  }
+  const double units = static_cast<double>(sh.layers) * sh.batch * sh.max_model_len;
+  double have = 0;
+  if (gpu) {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) have = static_cast<double>(free_bytes);
+  } else {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) have = static_cast<double>(pages) * static_cast<double>(page);
+  }
+  const double need = units * (gpu ? kDeviceBytesPerUnit : kHostBytesPerUnit);
+  if (have > 0 && need > have) {
+    std::fprintf(stderr,
+                 "ds4_decode_demo: --layers %d x --batch %d x --max-model-len %d needs about %.1f GiB of %s memory "
+                 "(~%.0f B each), more than the %.1f GiB %s\n",
+                 sh.layers, sh.batch, sh.max_model_len, need / (1ull << 30), gpu ? "device" : "host",
+                 gpu ? kDeviceBytesPerUnit : kHostBytesPerUnit, have / (1ull << 30),
+                 gpu ? "free on the device" : "this machine has");
+    return false;
+  }
+  if (!opt.json.empty()) {
+    // Open for appending: tells whether the file can be written without truncating an existing one.
+    const bool existed = std::filesystem::exists(opt.json);
+    std::ofstream probe(opt.json, std::ios::app);
+    if (!probe) {
+      std::fprintf(stderr, "ds4_decode_demo: --json %s cannot be written (%s)\n", opt.json.c_str(),
+                   std::strerror(errno));
+      return false;
+    }
+    probe.close();
+    if (!existed) std::filesystem::remove(opt.json);
+  }
+  return true;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Model, shapes, trace
+
+// Resolved shapes (defaults depend on the backend).
 // V4-Flash schedule (SPEC.md 1): layers 0, 1 SWA-only; then even layers C4, odd layers C128.
 int layer_ratio(int l) { return l < 2 ? 1 : (l % 2 == 0 ? 4 : 128); }
 int type_index(int ratio) { return ratio == 1 ? 0 : (ratio == 4 ? 1 : 2); }
@@ -1043,60 +1070,45 @@ void print_summary(const std::vector<PolicyResult>& rs, const Shapes& sh, const 
 
 void write_json(const std::string& path, const std::vector<PolicyResult>& rs, const Shapes& sh, const std::string& machine,
                 const std::string& command) {
-  std::ofstream f(path);
-  if (!f) throw std::runtime_error("ds4_decode_demo: cannot write " + path);
-  std::string tag = "L" + std::to_string(sh.layers) + "_H" + std::to_string(sh.heads) + "_B" + std::to_string(sh.batch) +
-                    "_len" + std::to_string(sh.max_model_len);
-  bool first = true;
-  auto rec = [&](const std::string& name, double value, const char* unit, const char* bname, std::optional<double> bval) {
-    char buf[2048];
-    std::string esc_cmd;
-    for (char c : command) {
-      if (c == '"' || c == '\\') esc_cmd += '\\';
-      esc_cmd += c;
-    }
-    std::string b = "null";
-    if (bname) {
-      b.assign(1, '"');
-      b.append(bname);
-      b.push_back('"');
-    }
-    char bv[64] = "null", ratio[64] = "null";
+  const std::string tag = "L" + std::to_string(sh.layers) + "_H" + std::to_string(sh.heads) + "_B" +
+                          std::to_string(sh.batch) + "_len" + std::to_string(sh.max_model_len);
+  nlohmann::ordered_json records = nlohmann::ordered_json::array();
+  // ratio = baseline / value, null without a baseline.
+  auto rec = [&](const std::string& name, double value, const char* unit, const std::string& bname,
+                 std::optional<double> bval) {
+    nlohmann::ordered_json r = {{"name", name}, {"value", value}, {"unit", unit}, {"baseline_name", nullptr},
+                        {"baseline_value", nullptr}, {"ratio", nullptr}, {"machine", machine}, {"command", command}};
     if (bval) {
-      std::snprintf(bv, sizeof bv, "%.6g", *bval);
-      if (value != 0) std::snprintf(ratio, sizeof ratio, "%.6g", *bval / value);
+      r["baseline_name"] = bname;
+      r["baseline_value"] = *bval;
+      if (value != 0) r["ratio"] = *bval / value;
     }
-    std::snprintf(buf, sizeof buf,
-                  "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline_name\": %s, \"baseline_value\": %s, "
-                  "\"ratio\": %s, \"machine\": \"%s\", \"command\": \"%s\"}",
-                  name.c_str(), value, unit, b.c_str(), bv, ratio, machine.c_str(), esc_cmd.c_str());
-    f << (first ? "[\n" : ",\n") << buf;
-    first = false;
+    records.push_back(std::move(r));
   };
   for (const auto& r : rs) {
     const std::string p = "ds4_decode_demo." + tag + "." + r.name + ".";
-    if (r.graph_samples) {
-      const std::string eager_name = p + "eager_step_ms";
-      rec(p + "graph_step_ms", r.graph_ms, "ms", r.eager_samples ? eager_name.c_str() : nullptr,
+    if (r.graph_samples)
+      rec(p + "graph_step_ms", r.graph_ms, "ms", p + "eager_step_ms",
           r.eager_samples ? std::optional<double>(r.eager_ms) : std::nullopt);
-    }
-    if (r.eager_samples) rec(p + "eager_step_ms", r.eager_ms, "ms", nullptr, std::nullopt);
-    rec(p + "guard_check_ns_per_replay", r.guard_ns, "ns", nullptr, std::nullopt);
-    rec(p + "live_guards", static_cast<double>(r.guards), "count", nullptr, std::nullopt);
+    if (r.eager_samples) rec(p + "eager_step_ms", r.eager_ms, "ms", "", std::nullopt);
+    rec(p + "guard_check_ns_per_replay", r.guard_ns, "ns", "", std::nullopt);
+    rec(p + "live_guards", static_cast<double>(r.guards), "count", "", std::nullopt);
     const std::string sep = p + "separate_regions_bytes";
-    rec(p + "family_region_bytes", static_cast<double>(r.region_bytes), "B", sep.c_str(),
+    rec(p + "family_region_bytes", static_cast<double>(r.region_bytes), "B", sep,
         static_cast<double>(r.sum_plan_bytes));
-    rec(sep, static_cast<double>(r.sum_plan_bytes), "B", nullptr, std::nullopt);
+    rec(sep, static_cast<double>(r.sum_plan_bytes), "B", "", std::nullopt);
     for (std::size_t i = 0; i < r.plan_bytes.size(); ++i)
-      rec(p + "plan_bytes_bucket" + std::to_string(sh.buckets[i]), static_cast<double>(r.plan_bytes[i]), "B", nullptr,
+      rec(p + "plan_bytes_bucket" + std::to_string(sh.buckets[i]), static_cast<double>(r.plan_bytes[i]), "B", "",
           std::nullopt);
-    rec(p + "capture_ms", r.capture_ms, "ms", nullptr, std::nullopt);
-    rec(p + "recaptures", static_cast<double>(r.recaptures), "count", nullptr, std::nullopt);
-    rec(p + "refusals", static_cast<double>(r.refusals), "count", nullptr, std::nullopt);
-    rec(p + "checks_passed", static_cast<double>(r.checks - r.failed), "count", (p + "checks_run").c_str(),
+    rec(p + "capture_ms", r.capture_ms, "ms", "", std::nullopt);
+    rec(p + "recaptures", static_cast<double>(r.recaptures), "count", "", std::nullopt);
+    rec(p + "refusals", static_cast<double>(r.refusals), "count", "", std::nullopt);
+    rec(p + "checks_passed", static_cast<double>(r.checks - r.failed), "count", p + "checks_run",
         static_cast<double>(r.checks));
   }
-  f << (first ? "[\n" : "") << "\n]\n";
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error("ds4_decode_demo: cannot write " + path);
+  f << records.dump(2) << "\n";
   if (!f) throw std::runtime_error("ds4_decode_demo: error writing " + path);
 }
 
@@ -1104,11 +1116,9 @@ void write_json(const std::string& path, const std::vector<PolicyResult>& rs, co
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines show as they happen, in order with stderr
-  auto parsed = parse(argc, argv);
-  if (!parsed) {
-    usage(stderr);
-    return 2;
-  }
+  int exit_code = 0;
+  auto parsed = parse(argc, argv, exit_code);
+  if (!parsed) return exit_code;
   Options opt = *parsed;
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -1152,16 +1162,7 @@ int main(int argc, char** argv) {
     sh.max_model_len = opt.max_model_len.value_or(sh.max_model_len);
     sh.steps = opt.steps.value_or(sh.steps);
     sh.check_every = opt.check_every.value_or(sh.check_every);
-    if (gpu && sh.heads != 64 && sh.heads != 128) {
-      std::fprintf(stderr, "ds4_decode_demo: the CUDA kernels take --heads 64 or 128 (got %d)\n", sh.heads);
-      return 2;
-    }
-    if (sh.max_model_len < 8 * sh.window || sh.steps * 4 > sh.max_model_len) {
-      std::fprintf(stderr,
-                   "ds4_decode_demo: --max-model-len %d must be >= 8 x window (%d) and >= 4 x --steps (%d)\n",
-                   sh.max_model_len, sh.window, sh.steps);
-      return 2;
-    }
+    if (!check_inputs(sh, opt, gpu)) return 2;
     for (int R = std::max(1, sh.batch / 8); R < sh.batch; R *= 2) sh.buckets.push_back(R);
     sh.buckets.push_back(sh.batch);
 
@@ -1218,7 +1219,8 @@ int main(int argc, char** argv) {
       std::printf("result: %d of %d CHECKS FAILED\n", failed, checks);
     return failed == 0 ? 0 : 1;
   } catch (const std::exception& e) {
-    std::printf("ds4_decode_demo: error: %s\nresult: CHECKS FAILED (error)\n", e.what());
+    std::fprintf(stderr, "ds4_decode_demo: error: %s\n", e.what());
+    std::printf("result: CHECKS FAILED (error)\n");
     return 1;
   }
 }

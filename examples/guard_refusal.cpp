@@ -226,7 +226,9 @@ int run(const Options& opt, Device& dev) {
   if (opt.policy == "exact") compressed = swa = &exact_at_capture;
   const bool safe_policy = opt.policy != "exact";
 
-  Arena arena(dev.backend(), ArenaOptions{.report_findings = false});  // findings printed below
+  ArenaOptions options;
+  options.report_findings = false;  // findings printed below
+  Arena arena(dev.backend(), options);
   const Stream s = dev.stream();
   arena.reserve(1 << 20, s);
 

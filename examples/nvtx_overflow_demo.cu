@@ -22,6 +22,8 @@
 #include <span>
 #include <vector>
 
+#include "../tests/support/cuda_device.hpp"  // skip (77) only without a GPU
+
 using namespace graphsafe;
 
 namespace {
@@ -46,11 +48,7 @@ __global__ void attend_kernel(const std::int64_t* ws, std::int64_t N, std::int64
 
 int main(int argc, char** argv) {
   const bool canaries = argc > 1 && std::strcmp(argv[1], "--canaries") == 0;
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no usable CUDA device\n");
-    return 77;
-  }
+  if (const int rc = graphsafe::testing::gpu_test_skip_or_fail("nvtx_overflow_demo"); rc >= 0) return rc;
   try {
     cudaStream_t s = nullptr;
     GRAPHSAFE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

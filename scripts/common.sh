@@ -35,16 +35,25 @@ gs_jobs() { nproc 2>/dev/null || echo 2; }
 # Install what is missing with apt-get (as root; apt-get update first). Prints what to install
 # when not root.
 gs_install_missing() {
-  local packages=(cmake ninja-build g++ libboost-dev catch2) missing=() p
+  local packages=(cmake ninja-build g++ libboost-dev libboost-stacktrace-dev catch2 nlohmann-json3-dev libcli11-dev python3-dev python3-venv) missing=() p
   for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   ((${#missing[@]})) || return 0
   if [[ $(id -u) -eq 0 ]]; then
-    echo "installing ${missing[*]}"
+    # apt's progress goes to a log; the console gets one line, or the log's tail when it fails.
+    local log
+    log=$(mktemp "${TMPDIR:-/tmp}/graphsafe-apt.XXXXXX")
+    echo "installing ${missing[*]} (apt-get, log: $log)"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update
-    apt-get install -y --no-install-recommends "${missing[@]}"
+    if apt-get update -q >"$log" 2>&1 &&
+       apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$log" 2>&1; then
+      echo "installed ${missing[*]}"
+    else
+      echo "error: apt-get could not install ${missing[*]}; the end of $log:" >&2
+      tail -n 20 "$log" >&2
+      return 1
+    fi
   else
     echo "missing ${missing[*]} and not root -- install them: sudo apt-get install ${missing[*]}" >&2
   fi

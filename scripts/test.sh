@@ -11,4 +11,11 @@ gs_find_cuda
 jobs="$(gs_jobs)"
 gs_configure build
 cmake --build build -j "$jobs"
-ctest --test-dir build --output-on-failure
+ctest --test-dir build --output-on-failure --no-tests=error
+
+# The Python package (python/, docs/python.md): built by pip as a user builds it, in a venv, then its
+# tests (the torch/CUDA ones skip, saying why, without torch or a GPU).
+python3 -m venv build/pyenv
+build/pyenv/bin/pip install --quiet nanobind scikit-build-core numpy pytest
+build/pyenv/bin/pip install --quiet --no-build-isolation -C build-dir=build/python-wheel .
+build/pyenv/bin/python -m pytest -q -rs python/tests

@@ -179,11 +179,11 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
       finish_release(d);
     }
     // A block of this size released on this stream (the serving loop's steady state), else best fit.
-    b = fl.take_cached(bytes, s.handle(), index);
+    b = fl.take_cached(bytes, stream_tag(s), index);
     if (!b && deferred_slots.size() > 1) {
       // Nothing cached for us: other threads' parked releases may hold the best fit.
       collect_deferred();
-      b = fl.take_cached(bytes, s.handle(), index);
+      b = fl.take_cached(bytes, stream_tag(s), index);
     }
     if (b) {
       eager_bytes += b->size;
@@ -202,7 +202,7 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
     const std::uint64_t slab = align_up(std::max(bytes, opts.growth_bytes), 2ull << 20);
     void* p = new_slab(slab, s);  // throws out_of_memory_error naming the size
     std::lock_guard g(lock);
-    fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, s.handle());
+    fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, stream_tag(s));
     if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);
     b = fl.take_best_fit(bytes);
     eager_bytes += b->size;
@@ -210,8 +210,8 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
     if (index) fl.index_used(b);
   }
   // A block released on another stream may still be in use there: order this stream after it.
-  if (b->stream && b->stream != s.handle()) backend.order_after(s, Stream(static_cast<cudaStream_t>(b->stream)));
-  b->stream = s.handle();
+  if (b->stream && b->stream != stream_tag(s)) backend.order_after(s, tagged_stream(b->stream));
+  b->stream = stream_tag(s);
   return b;
 }
 
@@ -351,7 +351,7 @@ void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
   }
   // Debug mode: check the guard (synchronizes the stream: not under the spin lock). A no-op for a
   // pointer this arena did not serve eagerly; the checks below still refuse it.
-  if (opts.debug) [[unlikely]] debug_eager_released(addr, s.handle());
+  if (opts.debug) [[unlikely]] debug_eager_released(addr, stream_tag(s));
   std::lock_guard g(lock);
   Block* b = fl.find_used(addr);
   if (!b) {
@@ -366,7 +366,7 @@ void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
                                  "; pass the size given to allocate()");
   eager_bytes -= b->size;
   --eager_blocks;
-  fl.release_eager(b, s.handle());  // leaves the used tree unless it is cached
+  fl.release_eager(b, stream_tag(s));  // leaves the used tree unless it is cached
 }
 
 void ArenaCore::release(Workspace& w) noexcept {
@@ -406,7 +406,7 @@ void ArenaCore::reserve(std::uint64_t bytes, Stream s) {
   const std::uint64_t slab = align_up(std::max<std::uint64_t>(bytes, kAlignment), 2ull << 20);
   void* p = new_slab(slab, s);
   std::lock_guard g(lock);
-  fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, s.handle());
+  fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, stream_tag(s));
   if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);
 }
 
@@ -414,7 +414,7 @@ void ArenaCore::make_free_blocks_ready(Stream s) {
   // Free blocks may still be in use by work on the streams that released them: wait for each of
   // those streams (and `s`) so their blocks can coalesce across streams. Streams capturing right
   // now cannot be waited for (illegal during capture); their blocks keep their stream.
-  std::vector<void*> streams{s.handle()};
+  std::vector<void*> streams{stream_tag(s)};
   {
     std::lock_guard g(lock);
     collect_deferred();
@@ -427,7 +427,7 @@ void ArenaCore::make_free_blocks_ready(Stream s) {
   }
   std::vector<void*> synced;
   for (void* st : streams) {
-    const Stream x(static_cast<cudaStream_t>(st));
+    const Stream x = tagged_stream(st);
     if (backend.capture_info(x).active) continue;
     backend.synchronize(x);
     synced.push_back(st);
@@ -481,7 +481,7 @@ void ArenaCore::begin_session(SessionState& st) {
     const std::uint64_t slab = align_up(std::max(opts.growth_bytes, st.family->largest_plan), 2ull << 20);
     void* p = new_slab(slab, st.stream);
     std::lock_guard g(lock);
-    fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, st.stream.handle());
+    fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, stream_tag(st.stream));
     if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);
   }
   std::lock_guard g(lock);
@@ -516,8 +516,8 @@ void ArenaCore::end_session(SessionState& st, bool success) {
   f.capturing = false;
   const std::uint64_t used = align_up(st.bump, kAlignment);
   if (!success) {
-    if (st.provisional) fl.give_back(st.provisional, st.stream.handle());
-    if (st.next_held) fl.give_back(st.next_held, st.stream.handle());
+    if (st.provisional) fl.give_back(st.provisional, stream_tag(st.stream));
+    if (st.next_held) fl.give_back(st.next_held, stream_tag(st.stream));
     st.provisional = st.next_held = nullptr;
     // The family's last graph may have died while this capture held its region (graph_destroyed
     // leaves a capturing family's region alone): nobody holds it now, so it goes back.
@@ -525,14 +525,14 @@ void ArenaCore::end_session(SessionState& st, bool success) {
       region_bytes -= f.region->size;
       --families_with_region;
       f.region->state = BlockState::used;
-      fl.give_back(f.region, f.last_stream ? f.last_stream : st.stream.handle());
+      fl.give_back(f.region, f.last_stream ? f.last_stream : stream_tag(st.stream));
       f.region = nullptr;
     }
     return;
   }
   if (st.provisional) {
     if (used == 0) {
-      fl.give_back(st.provisional, st.stream.handle());
+      fl.give_back(st.provisional, stream_tag(st.stream));
     } else {
       fl.trim_tail(st.provisional, used);
       st.provisional->state = BlockState::region;
@@ -542,7 +542,7 @@ void ArenaCore::end_session(SessionState& st, bool success) {
     }
   } else {
     const std::uint64_t have = f.region->size;
-    if (st.next_held) fl.give_back(st.next_held, st.stream.handle());
+    if (st.next_held) fl.give_back(st.next_held, stream_tag(st.stream));
     if (used > have) {
       fl.extend(f.region, used - have);  // the range was held during capture, so it is still free
       region_bytes += used - have;

@@ -39,6 +39,15 @@ class SpinLock {
 };
 
 std::string site_of(const std::source_location& loc);
+
+// Stream tags (free blocks, workspaces, families): a null tag means "ready for any stream", so the
+// default stream (handle 0, legacy or per-thread) gets a tag of its own and is ordered like any other.
+inline char default_stream_tag_object;
+inline void* stream_tag(Stream s) noexcept { return s.handle() ? s.handle() : &default_stream_tag_object; }
+inline Stream tagged_stream(void* tag) noexcept {
+  return Stream(static_cast<cudaStream_t>(tag == &default_stream_tag_object ? nullptr : tag));
+}
+
 inline std::uint64_t align_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
 // count * element_bytes, refusing negative counts, element size 0 and byte counts above 2^62 (the
 // check is inline: it runs on every request; the throwing part is not).
@@ -57,7 +66,8 @@ struct Family {
   Block* region = nullptr;  // state region while any graph of the family lives
   std::uint64_t graphs = 0;
   bool capturing = false;
-  void* last_stream = nullptr;
+  void* last_stream = nullptr;  // tag of the last replay's stream (under the arena's lock)
+  std::mutex replay_mutex;        // serializes the family's replays (launch_in_family)
   std::uint64_t largest_plan = 0;
   std::uint64_t sum_plans = 0;
   std::shared_ptr<VirtualFamily> virt;  // virtual growth: the family's address range
@@ -76,6 +86,13 @@ struct DeferredSlot {
 };
 std::mutex& deferred_registry_mutex();
 
+// Debug mode: an address the captured work uses (a kernel argument, a copy's source, a pointer the
+// program declared with debug::captured_pointer), and how the graph holds it.
+struct CapturedPointer {
+  std::uintptr_t addr = 0;
+  std::string how;  // "argument 0 of node #2 (kernel fill)", "pointer 'x' declared at file:line"
+};
+
 struct SessionState {
   std::shared_ptr<ArenaCore> core;
   Stream stream{static_cast<cudaStream_t>(nullptr)};
@@ -93,6 +110,7 @@ struct SessionState {
   Plan plan;
   std::size_t report_mark = 0;  // debug: findings made before this capture began
   std::shared_ptr<VirtualPlan> virt;  // virtual growth: footprints recorded by this capture
+  std::vector<CapturedPointer> dbg_pointers;  // debug: declared with debug::captured_pointer
 };
 
 struct GraphState {
@@ -114,6 +132,7 @@ struct GraphState {
   void* dbg_stream = nullptr;       // stream of the last replay
   std::shared_ptr<VirtualPlan> virt;  // virtual growth: committed before each launch
   std::vector<debug::Finding> last_overwrites;  // found by the last canary check
+  std::vector<CapturedPointer> dbg_pointers;    // declared during its capture (read at creation)
 };
 
 std::string graph_label(const GraphState& g);
@@ -123,6 +142,8 @@ void debug_graph_created(GraphState& g, std::size_t report_mark);
 void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::source_location& loc);
 void debug_after_launch(GraphState& g, Stream s);
 void debug_graph_destroyed(GraphState& g) noexcept;
+// Order after the family's last replay and launch `g` on `s` (src/captured_graph.cpp).
+void launch_in_family(GraphState& g, Stream s, const std::source_location& loc);
 
 class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
  public:
@@ -156,6 +177,8 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
     std::uint64_t bytes;  // workspace bytes; the guard follows
     std::string name;
     std::string site;
+    // Live graphs whose captured work uses this eager workspace: releasing it is a finding.
+    std::vector<std::pair<const GraphState*, std::string>> captured_by;  // (graph, how)
   };
   std::unordered_map<std::uintptr_t, EagerGuard> eager_guards;  // under lock
   std::map<std::uintptr_t, std::pair<std::uint64_t, void*>> nvtx_heaps;  // slab -> (size, heap), under lock
@@ -227,7 +250,7 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
     w.ptr_ = ptr;
     w.bytes_ = bytes;
     w.count_ = count;
-    w.stream_ = s.handle();
+    w.stream_ = stream_tag(s);
     w.captured_ = captured;
     return w;
   }

@@ -33,14 +33,14 @@ void start_session(SessionState& st, const Bindings& b) {
   // The region's memory may have been used eagerly on another stream: order the capture stream
   // after it now, in eager order, so every later replay on this stream follows that work.
   auto order = [&](Block* blk) {
-    if (blk && blk->stream && blk->stream != st.stream.handle())
-      core.backend.order_after(st.stream, Stream(static_cast<cudaStream_t>(blk->stream)));
+    if (blk && blk->stream && blk->stream != stream_tag(st.stream))
+      core.backend.order_after(st.stream, tagged_stream(blk->stream));
   };
   try {
     order(st.provisional);
     order(st.next_held);
-    if (st.family->last_stream && st.family->last_stream != st.stream.handle())
-      core.backend.order_after(st.stream, Stream(static_cast<cudaStream_t>(st.family->last_stream)));
+    if (st.family->last_stream && st.family->last_stream != stream_tag(st.stream))
+      core.backend.order_after(st.stream, tagged_stream(st.family->last_stream));
     // Route requests to this session before the capture starts (as PyTorch does): matched by the
     // capture id, which the backend assigns at begin.
     {
@@ -99,11 +99,12 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
   g->opts = st.opts;
   g->base = st.base;
   g->virt = std::move(st.virt);  // virtual growth (null otherwise)
+  g->dbg_pointers = std::move(st.dbg_pointers);  // debug mode (empty otherwise)
   {
     std::lock_guard lk(core.lock);
     ++st.family->graphs;
     ++core.live_graphs;
-    st.family->last_stream = st.stream.handle();
+    st.family->last_stream = stream_tag(st.stream);
   }
   // Debug mode: the capture's report on stderr (findings of all kinds), NVTX registration.
   if (core.opts.debug) [[unlikely]] debug_graph_created(*g, st.report_mark);

@@ -21,17 +21,40 @@ void destroy_graph(GraphState& g) noexcept {
   // Virtual regions unmap physical memory, which must wait for the replays.
   if (g.family->virt && g.family->last_stream) [[unlikely]] {
     try {
-      core.backend.synchronize(Stream(static_cast<cudaStream_t>(g.family->last_stream)));
+      core.backend.synchronize(tagged_stream(g.family->last_stream));
     } catch (...) {
     }
   }
   if (core.opts.debug) [[unlikely]] debug_graph_destroyed(g);
   core.backend.destroy(g.handle);
   g.handle = {};
-  core.graph_destroyed(*g.family, g.stream.handle());
+  core.graph_destroyed(*g.family, stream_tag(g.stream));
   if (g.family->virt) [[unlikely]] virtual_graph_destroyed(core, *g.family);  // idle family: chunks to the pool
 }
 }  // namespace
+
+// Graphs of one family share a region, so their replays are serialized: ordering after the last
+// replay's stream, the launch and recording this stream as the last happen under the family's
+// replay mutex (two threads would otherwise both order after the same earlier replay and run
+// together). The last stream changes only once the launch went through.
+void launch_in_family(GraphState& g, Stream s, const std::source_location& loc) {
+  ArenaCore& core = *g.core;
+  Family& f = *g.family;
+  std::lock_guard serial(f.replay_mutex);
+  void* last;
+  {
+    std::lock_guard lk(core.lock);  // finish_session and graph_destroyed use it under the arena's lock
+    last = f.last_stream;
+  }
+  if (last && last != stream_tag(s)) core.backend.order_after(s, tagged_stream(last));
+  if (core.opts.debug) [[unlikely]] debug_before_launch(g, s, last, loc);
+  core.backend.launch(g.handle, s);
+  {
+    std::lock_guard lk(core.lock);
+    f.last_stream = stream_tag(s);
+  }
+  if (core.opts.debug) [[unlikely]] debug_after_launch(g, s);
+}
 }  // namespace detail
 
 CapturedGraph::CapturedGraph(std::unique_ptr<detail::GraphState> s) : state_(std::move(s)) {}
@@ -99,27 +122,17 @@ void CapturedGraph::replay(const Bindings& b, Stream s, std::source_location loc
     detail::virtual_commit(*cur.virt, b);
     if (detail::virtual_guards_unmapped(*cur.virt)) cur.armed = false;  // debug: re-arm remapped guards
   }
-  // Graphs of one family share a region: a replay on another stream waits for the last one.
-  void* last;
-  {
-    std::lock_guard lk(core.lock);
-    last = cur.family->last_stream;
-    cur.family->last_stream = s.handle();
-  }
-  if (last && last != s.handle()) core.backend.order_after(s, Stream(static_cast<cudaStream_t>(last)));
-  if (core.opts.debug) [[unlikely]] detail::debug_before_launch(cur, s, last, loc);
-  core.backend.launch(cur.handle, s);
-  if (core.opts.debug) [[unlikely]] detail::debug_after_launch(cur, s);
+  detail::launch_in_family(cur, s, loc);
 }
 
 void CapturedGraph::replay_unguarded_for_testing(Stream s) {
   detail::GraphState& g = live(state_);
-  void* last = g.family->last_stream;
-  g.family->last_stream = s.handle();
-  const bool debug = g.core->opts.debug;
-  if (debug) [[unlikely]] detail::debug_before_launch(g, s, last, std::source_location::current());
-  g.core->backend.launch(g.handle, s);
-  if (debug) [[unlikely]] detail::debug_after_launch(g, s);
+  // As replay() after its guards: the capture's own bindings say what to map.
+  if (g.virt) [[unlikely]] {
+    detail::virtual_commit(*g.virt, g.plan.captured_bindings());
+    if (detail::virtual_guards_unmapped(*g.virt)) g.armed = false;
+  }
+  detail::launch_in_family(g, s, std::source_location::current());
 }
 
 const Plan& CapturedGraph::plan() const { return live(state_).plan; }

@@ -12,11 +12,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <execinfo.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 namespace graphsafe {
@@ -46,7 +51,8 @@ constexpr std::uint8_t kCanary = 0xCD;  // host slabs are 0xA5: never mistaken f
 bool ours(std::string_view k) {
   return k == debug::kind::unbounded_dynamic_size || k == debug::kind::opaque_request_in_capture ||
          k == debug::kind::probe_difference || k == debug::kind::concurrent_family_replay ||
-         k == debug::kind::canary_overwrite || k == debug::kind::replay_mismatch || k == debug::kind::replay_refused;
+         k == debug::kind::canary_overwrite || k == debug::kind::replay_mismatch || k == debug::kind::replay_refused ||
+         k == debug::kind::captured_eager_release;
 }
 
 std::string hex_ptr(const void* p) {
@@ -235,6 +241,84 @@ void arm_graph(GraphState& g, Stream s) {
   g.unchecked = 0;
 }
 
+// The first frame of the caller outside graphsafe and the standard library, named through dladdr
+// (functions of an executable are named when it exports its symbols: -rdynamic). Unnamed frames
+// cannot be told apart from graphsafe's own: the first few are listed as module+offset (addr2line).
+std::string caller_site() {
+  void* pcs[32];
+  const int n = ::backtrace(pcs, 32);
+  std::string unnamed;
+  for (int i = 1, listed = 0; i < n; ++i) {
+    Dl_info info{};
+    if (!dladdr(pcs[i], &info)) continue;
+    // The C / C++ runtime libraries (a container's destructor, the program's entry) are never it.
+    const char* slash = info.dli_fname ? std::strrchr(info.dli_fname, '/') : nullptr;
+    const std::string_view module = slash ? slash + 1 : info.dli_fname ? info.dli_fname : "";
+    if (module.starts_with("libc.so") || module.starts_with("libstdc++") || module.starts_with("libgcc_s") ||
+        module.starts_with("ld-linux"))
+      continue;
+    if (info.dli_sname) {
+      int status = 0;
+      char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+      const std::string name = status == 0 && d ? d : info.dli_sname;
+      std::free(d);
+      // Demangled template functions start with their return type ("void std::_Destroy<...>").
+      const std::string_view q = std::string_view(name).substr(0, name.find('('));
+      const std::string_view last = q.substr(q.rfind(' ', q.find('<')) == std::string_view::npos
+                                                 ? 0
+                                                 : q.rfind(' ', q.find('<')) + 1);
+      if (last.starts_with("graphsafe::") || last.starts_with("std::") || last.starts_with("__gnu_cxx::")) continue;
+      return name.substr(0, 240);
+    }
+    if (listed++ < 4) {
+      char off[32];
+      std::snprintf(off, sizeof off, "+0x%zx",
+                    static_cast<std::size_t>(reinterpret_cast<std::uintptr_t>(pcs[i]) -
+                                             reinterpret_cast<std::uintptr_t>(info.dli_fbase)));
+      unnamed += (unnamed.empty() ? "" : " < ") + std::string(module.empty() ? "?" : module) + off;
+    }
+  }
+  return unnamed.empty() ? std::string("unknown") : "unnamed frames " + unnamed + " (link with -rdynamic to name them)";
+}
+
+// A captured-eager-release finding: eager workspace `name` released while graph `graph` uses it
+// through `how` (during its capture when `during_capture`). `site` is the release site.
+void report_captured_release(const std::string& name, std::uint64_t bytes, std::uintptr_t addr,
+                             const std::string& request_site, const std::string& graph, const std::string& how,
+                             std::string site, bool during_capture) {
+  debug::Finding f;
+  f.kind = std::string(debug::kind::captured_eager_release);
+  f.request = name;
+  f.graph = graph;
+  f.site = std::move(site);
+  f.message = "eager workspace '" + name + "' (" + std::to_string(bytes) + " bytes at " +
+              hex_ptr(reinterpret_cast<const void*>(addr)) + ", requested at " + request_site + ") was released " +
+              (during_capture ? "during the capture of " + graph + ", whose work uses it through "
+                              : "while " + graph + " still uses it through ") +
+              how +
+              ": its bytes go back to the arena and are served again, and every replay of the graph reads and "
+              "writes them under their new owner";
+  f.fix = "request the workspace inside the capture (it then belongs to the graph and lives as long as it), or "
+          "keep the eager workspace alive until the graph is destroyed";
+  std::fprintf(stderr, "graphsafe debug: eager workspace released while a graph uses it\n%s",
+               debug::format_finding(f).c_str());
+  debug::report_finding(std::move(f));
+}
+
+// Eager workspaces released while a capture was under way, per arena (ArenaCore::id): the graph
+// that capture makes is checked against them when it is created (they are no longer live eager
+// blocks by then). Dropped once a graph is created with no capture left under way in its arena.
+struct ReleasedInCapture {
+  std::uintptr_t addr = 0;
+  std::uint64_t bytes = 0;
+  std::string name, request_site, release_site;
+};
+std::mutex released_mutex;
+std::map<std::uint64_t, std::vector<ReleasedInCapture>>& released_in_capture() {
+  static auto* m = new std::map<std::uint64_t, std::vector<ReleasedInCapture>>;  // never destroyed
+  return *m;
+}
+
 std::atomic<std::uint64_t> next_graph_id{1};
 
 }  // namespace
@@ -267,12 +351,13 @@ void ArenaCore::debug_eager_taken(std::uintptr_t addr, std::uint64_t bytes, std:
                                   const std::source_location& loc, Stream s, bool) {
   if (guard_bytes && opts.canaries) backend.fill_bytes(reinterpret_cast<void*>(addr + bytes), guard_bytes, kCanary, s);
   std::lock_guard g(lock);
-  eager_guards[addr] = EagerGuard{bytes, std::string(name), site_of(loc)};
+  eager_guards[addr] = EagerGuard{bytes, std::string(name), site_of(loc), {}};
   if (nvtx_on) nvtx_region_register(heap_for(*this, addr), addr, bytes, "graphsafe eager: " + std::string(name));
 }
 
 void ArenaCore::debug_eager_released(std::uintptr_t addr, void* stream) noexcept {
   EagerGuard eg;
+  std::vector<std::pair<std::string, std::string>> captured_by_labels;  // (graph, how)
   {
     std::lock_guard g(lock);
     auto it = eager_guards.find(addr);
@@ -280,10 +365,29 @@ void ArenaCore::debug_eager_released(std::uintptr_t addr, void* stream) noexcept
     eg = std::move(it->second);
     eager_guards.erase(it);
     if (nvtx_on && heap_for(*this, addr)) nvtx_region_unregister(addr);
+    try {
+      for (const auto& [graph, how] : eg.captured_by) captured_by_labels.emplace_back(graph_label(*graph), how);
+    } catch (...) {
+    }
+  }
+  if (!captured_by_labels.empty() || active_sessions.load(std::memory_order_acquire) > 0) {
+    // The bytes go back to the free list now (as without debug mode): the finding says what every
+    // later replay of the graph will do with them.
+    try {
+      std::string site = caller_site();
+      for (const auto& [label, how] : captured_by_labels)
+        report_captured_release(eg.name, eg.bytes, addr, eg.site, label, how, site, false);
+      if (active_sessions.load(std::memory_order_acquire) > 0) {
+        std::lock_guard lk(released_mutex);
+        released_in_capture()[id].push_back({addr, eg.bytes, eg.name, eg.site, std::move(site)});
+      }
+    } catch (...) {
+      // noexcept path (a Workspace dying): a finding that cannot be recorded is dropped.
+    }
   }
   if (!guard_bytes || !opts.canaries) return;
   try {
-    const Stream s(static_cast<cudaStream_t>(stream));
+    const Stream s = tagged_stream(stream);
     if (backend.capture_info(s).active) return;  // released inside a capture: cannot synchronize here
     std::vector<unsigned char> buf(guard_bytes);
     backend.copy_to_host(buf.data(), reinterpret_cast<const void*>(addr + eg.bytes), guard_bytes, s);
@@ -322,11 +426,78 @@ void ArenaCore::debug_captured_request(SessionState& st, const PlanEntry& e) {
   }
 }
 
+// ---- eager memory captured by pointer ------------------------------------------------------------
+
+// Addresses the captured CUDA graph uses (below, with the probe's kernel-node helpers).
+void graph_pointers(void* graph, std::vector<CapturedPointer>& out);
+
+namespace {
+
+// Links the eager workspaces `g`'s captured work uses to `g`; they are reported if released before
+// it dies. Caller does not hold the lock.
+void link_captured_eager(ArenaCore& core, GraphState& g) {
+  std::vector<CapturedPointer> ptrs = std::move(g.dbg_pointers);
+  g.dbg_pointers.clear();
+  if (core.backend.name() == "cuda" && g.handle.graph) {
+    try {
+      graph_pointers(g.handle.graph, ptrs);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "graphsafe debug: could not read the pointers of %s's nodes: %s\n", graph_label(g).c_str(),
+                   e.what());
+    }
+  }
+  std::string notes;
+  std::vector<bool> live(ptrs.size(), false);  // falls in a live eager workspace
+  if (!ptrs.empty()) {
+    std::lock_guard lk(core.lock);
+    std::vector<std::pair<std::uintptr_t, ArenaCore::EagerGuard*>> blocks;
+    blocks.reserve(core.eager_guards.size());
+    for (auto& [addr, eg] : core.eager_guards) blocks.emplace_back(addr, &eg);
+    std::sort(blocks.begin(), blocks.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (std::size_t i = 0; i < ptrs.size(); ++i) {
+      const CapturedPointer& p = ptrs[i];
+      auto it = std::upper_bound(blocks.begin(), blocks.end(), p.addr,
+                                 [](std::uintptr_t a, const auto& b) { return a < b.first; });
+      if (it == blocks.begin()) continue;
+      --it;
+      ArenaCore::EagerGuard& eg = *it->second;
+      if (p.addr >= it->first + std::max<std::uint64_t>(eg.bytes, 1)) continue;
+      live[i] = true;
+      const bool known = std::any_of(eg.captured_by.begin(), eg.captured_by.end(),
+                                     [&](const auto& c) { return c.first == &g; });
+      if (known) continue;
+      eg.captured_by.emplace_back(&g, p.how);
+      notes += "graphsafe debug: " + graph_label(g) + " uses eager workspace '" + eg.name + "' (requested at " +
+               eg.site + ") through " + p.how + ": keep it alive until the graph is destroyed\n";
+    }
+  }
+  std::vector<ReleasedInCapture> released;
+  {
+    std::lock_guard lk(released_mutex);
+    auto it = released_in_capture().find(core.id);
+    if (it != released_in_capture().end()) {
+      released = it->second;
+      if (core.active_sessions.load(std::memory_order_acquire) == 0) released_in_capture().erase(it);
+    }
+  }
+  for (const ReleasedInCapture& r : released)
+    for (std::size_t i = 0; i < ptrs.size(); ++i)
+      if (!live[i] && ptrs[i].addr >= r.addr && ptrs[i].addr < r.addr + std::max<std::uint64_t>(r.bytes, 1)) {
+        report_captured_release(r.name, r.bytes, r.addr, r.request_site, graph_label(g), ptrs[i].how, r.release_site,
+                                true);
+        break;  // one finding per workspace and graph
+      }
+  std::fputs(notes.c_str(), stderr);
+}
+
+}  // namespace
+
 // ---- graph hooks ---------------------------------------------------------------------------------
 
 void debug_graph_created(GraphState& g, std::size_t report_mark) {
   ArenaCore& core = *g.core;
   g.dbg_id = next_graph_id.fetch_add(1);
+  link_captured_eager(core, g);
   // The capture's report: its own findings, plus external ones (CUPTI) made while it ran.
   std::string body;
   std::size_t n = 0;
@@ -355,7 +526,7 @@ void debug_graph_created(GraphState& g, std::size_t report_mark) {
 void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::source_location& loc) {
   ArenaCore& core = *g.core;
   Family& f = *g.family;
-  if (last_stream && last_stream != s.handle()) {
+  if (last_stream && last_stream != stream_tag(s)) {
     debug::report_finding(
         debug::kind::concurrent_family_replay, site_of(loc),
         graph_label(g) + " replayed on stream " + hex_ptr(s.handle()) + " while the family's previous replay was "
@@ -371,7 +542,7 @@ void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::
       // The other graph's replays may have written over this graph's guards (and this replay over
       // its guards): check what it left, then both re-arm before their next replay.
       if (prev->virt && virtual_guards_unmapped(*prev->virt)) prev->armed = false;  // shrunk: nothing to read
-      if (prev->unchecked && prev->armed) check_graph(*prev, Stream(static_cast<cudaStream_t>(prev->dbg_stream)));
+      if (prev->unchecked && prev->armed) check_graph(*prev, tagged_stream(prev->dbg_stream));
       prev->armed = false;
       g.armed = false;
     }
@@ -388,7 +559,7 @@ void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::
 void debug_after_launch(GraphState& g, Stream s) {
   ArenaCore& core = *g.core;
   ++g.replays;
-  g.dbg_stream = s.handle();
+  g.dbg_stream = stream_tag(s);
   if (core.guard_bytes && core.opts.canaries && g.armed) {
     ++g.unchecked;
     if (core.opts.canary_check_every && g.unchecked >= core.opts.canary_check_every) check_graph(g, s);
@@ -400,6 +571,8 @@ void debug_graph_destroyed(GraphState& g) noexcept {
   std::lock_guard lk(core.lock);
   if (g.nvtx_registered) nvtx_unregister_graph(core, g);
   if (g.family->dbg_last_graph == &g) g.family->dbg_last_graph = nullptr;
+  for (auto& [addr, eg] : core.eager_guards)
+    std::erase_if(eg.captured_by, [&](const auto& c) { return c.first == &g; });
 }
 
 // ---- probe: CUDA kernel nodes -------------------------------------------------------------------
@@ -511,6 +684,58 @@ void probe_kernels(void* graph_a, void* graph_b, const std::string& label, std::
   }
 }
 
+// Every address a node of `graph` (and of its child graphs) uses: each pointer-sized word of each
+// kernel argument (struct arguments carry pointers too), the source and destination of copies, the
+// destination of memsets.
+void graph_pointers_into(cudaGraph_t graph, const std::string& prefix, std::vector<CapturedPointer>& out) {
+  std::size_t n = 0;
+  GRAPHSAFE_CUDA(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n) GRAPHSAFE_CUDA(cudaGraphGetNodes(graph, nodes.data(), &n));
+  nodes.resize(n);
+  auto add = [&](const void* p, std::string how) {
+    if (p) out.push_back({reinterpret_cast<std::uintptr_t>(p), prefix + std::move(how)});
+  };
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    cudaGraphNodeType t{};
+    GRAPHSAFE_CUDA(cudaGraphNodeGetType(nodes[i], &t));
+    const std::string node = "node #" + std::to_string(i);
+    if (t == cudaGraphNodeTypeKernel) {
+      cudaKernelNodeParams kp{};
+      GRAPHSAFE_CUDA(cudaGraphKernelNodeGetParams(nodes[i], &kp));
+      if (!kp.kernelParams) continue;  // launched with `extra`: declare its pointers (captured_pointer)
+      const std::string name = kernel_name(kp.func);
+      const std::size_t n_params = param_count(kp.func);
+      for (std::size_t a = 0; a < n_params; ++a) {
+        std::size_t offset = 0, size = 0;
+        if (cudaFuncGetParamInfo(kp.func, a, &offset, &size) != cudaSuccess) {
+          cudaGetLastError();  // past the last parameter: not sticky
+          break;
+        }
+        for (std::size_t w = 0; w + sizeof(void*) <= size; w += sizeof(void*)) {
+          const void* v = nullptr;
+          std::memcpy(&v, static_cast<const char*>(kp.kernelParams[a]) + w, sizeof v);
+          add(v, "argument " + std::to_string(a) + (w ? " (+" + std::to_string(w) + " bytes)" : std::string()) +
+                     " of " + node + " (kernel " + name + ")");
+        }
+      }
+    } else if (t == cudaGraphNodeTypeMemcpy) {
+      cudaMemcpy3DParms mp{};
+      GRAPHSAFE_CUDA(cudaGraphMemcpyNodeGetParams(nodes[i], &mp));
+      add(mp.srcPtr.ptr, "the source of " + node + " (memcpy)");
+      add(mp.dstPtr.ptr, "the destination of " + node + " (memcpy)");
+    } else if (t == cudaGraphNodeTypeMemset) {
+      cudaMemsetParams ms{};
+      GRAPHSAFE_CUDA(cudaGraphMemsetNodeGetParams(nodes[i], &ms));
+      add(ms.dst, "the destination of " + node + " (memset)");
+    } else if (t == cudaGraphNodeTypeGraph) {
+      cudaGraph_t child = nullptr;
+      GRAPHSAFE_CUDA(cudaGraphChildGraphNodeGetGraph(nodes[i], &child));
+      graph_pointers_into(child, prefix + node + " (child graph): ", out);
+    }
+  }
+}
+
 std::string dynamic_values(const PlanEntry& e, const Bindings& b) {
   std::string out;
   if (!e.need) return out;
@@ -523,11 +748,31 @@ const char* kind_word(PlanEntry::Kind k) {
 }
 
 }  // namespace
+
+void graph_pointers(void* graph, std::vector<CapturedPointer>& out) {
+  graph_pointers_into(static_cast<cudaGraph_t>(graph), "", out);
+}
+
 }  // namespace detail
 
 // ---- public debug API -----------------------------------------------------------------------------
 
 namespace debug {
+
+void captured_pointer(Arena& arena, Stream s, const void* p, std::string_view what, std::source_location loc) {
+  detail::ArenaCore& core = arena.core();
+  if (!core.opts.debug) return;
+  detail::SessionState* st = core.session_for(s);
+  if (!st)
+    throw capture_state_error("graphsafe: debug::captured_pointer(" + detail::hex_ptr(p) + (what.empty() ? "" : ", '") +
+                              std::string(what) + (what.empty() ? "" : "'") + ") at " + detail::site_of(loc) +
+                              " on a stream that is not capturing; declare the pointers of captured work inside the "
+                              "capture function");
+  std::lock_guard lk(core.lock);
+  st->dbg_pointers.push_back({reinterpret_cast<std::uintptr_t>(p),
+                              "pointer " + (what.empty() ? std::string() : "'" + std::string(what) + "' ") +
+                                  "declared at " + detail::site_of(loc)});
+}
 
 std::vector<Finding> check_canaries(CapturedGraph& graph, Stream s) {
   detail::GraphState* g = graph.impl();

@@ -3,12 +3,13 @@
 #include <graphsafe/debug.hpp>
 #include <graphsafe/error.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
-#include <sstream>
 
 namespace graphsafe {
 namespace detail {
@@ -20,29 +21,6 @@ bool debug_env_default() noexcept { return debug::env_enabled(); }
 namespace debug {
 
 namespace {
-
-std::string json_escape(std::string_view in) {
-  std::string out;
-  out.reserve(in.size() + 8);
-  for (unsigned char c : in) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out;
-}
 
 class Report {
  public:
@@ -83,17 +61,14 @@ class Report {
   }
   std::string json() const {
     const auto fs = snapshot();
-    std::ostringstream os;
-    os << "{\n  \"graphsafe_debug_report\": 1,\n  \"finding_count\": " << fs.size() << ",\n  \"findings\": [";
-    for (std::size_t i = 0; i < fs.size(); ++i) {
-      const Finding& f = fs[i];
-      os << (i ? "," : "") << "\n    {\"kind\": \"" << json_escape(f.kind) << "\", \"request\": \""
-         << json_escape(f.request) << "\", \"graph\": \"" << json_escape(f.graph) << "\", \"site\": \""
-         << json_escape(f.site) << "\", \"message\": \"" << json_escape(f.message) << "\", \"fix\": \""
-         << json_escape(f.fix) << "\", \"count\": " << f.count << "}";
-    }
-    os << (fs.empty() ? "]\n}\n" : "\n  ]\n}\n");
-    return os.str();
+    nlohmann::ordered_json findings = nlohmann::ordered_json::array();
+    for (const Finding& f : fs)
+      findings.push_back({{"kind", f.kind}, {"request", f.request}, {"graph", f.graph}, {"site", f.site},
+                          {"message", f.message}, {"fix", f.fix}, {"count", f.count}});
+    const nlohmann::ordered_json report = {
+        {"graphsafe_debug_report", 1}, {"finding_count", fs.size()}, {"findings", std::move(findings)}};
+    // Messages quote user strings (request and symbol names): invalid UTF-8 is replaced, not thrown.
+    return report.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   }
 
  private:

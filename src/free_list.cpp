@@ -279,7 +279,9 @@ std::vector<std::pair<std::uintptr_t, std::uint64_t>> FreeList::remove_free_slab
   flush_cache();
   std::vector<std::pair<std::uintptr_t, std::uint64_t>> out;
   for (auto it = slabs_.begin(); it != slabs_.end();) {
-    if (it->blocks.size() == 1 && it->blocks.front().state == BlockState::free) {
+    // Only ready slabs: one still tagged with a stream (one that is capturing, so could not be
+    // waited for) may be in use by that stream's earlier work.
+    if (it->blocks.size() == 1 && it->blocks.front().state == BlockState::free && !it->blocks.front().stream) {
       Block* b = &it->blocks.front();
       erase_free(b);
       it->blocks.clear();

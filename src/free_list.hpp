@@ -137,8 +137,8 @@ class FreeList {
   // Forget the release streams in `synchronized_streams` (the caller waited for them) and coalesce
   // what that frees up (the cache is flushed first).
   void mark_ready(const std::vector<void*>& synchronized_streams);
-  // Slabs whose single block is free (after flushing the cache); removes them and returns
-  // (addr, size) pairs.
+  // Slabs whose single block is free and ready (no release stream: see mark_ready), after flushing
+  // the cache; removes them and returns (addr, size) pairs.
   std::vector<std::pair<std::uintptr_t, std::uint64_t>> remove_free_slabs();
 
   // Free-tree figures; cached blocks are not in them (flush_cache() first for the coalesced view).

@@ -1,34 +1,309 @@
 #include <graphsafe/error.hpp>
 #include <graphsafe/host_backend.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string_view>
+#include <utility>
 
 namespace graphsafe {
+namespace detail {
+std::string site_of(const std::source_location& loc);  // src/arena.cpp
+
+// The seeded mode's queues, clocks and race checker (host_backend.hpp says what it does). One
+// recursive mutex guards it all and work runs under it: work may launch more work, and one
+// operation at a time keeps a seed's interleaving reproducible on one thread.
+struct HostScheduler {
+  using Clock = std::vector<std::uint64_t>;  // per stream id: the last epoch ordered before
+  struct Access {
+    std::uint32_t stream;
+    std::uint64_t epoch;
+    bool write;
+    std::shared_ptr<const std::string> site;
+  };
+  using AccessRef = std::shared_ptr<const Access>;
+  // Disjoint byte ranges, each with its last write and the reads since (FastTrack's shadow state,
+  // with full read sets: reads on several streams may all be unordered with a later write).
+  struct Segment {
+    std::uintptr_t end;
+    AccessRef write;
+    std::vector<AccessRef> reads;
+  };
+  struct Op {
+    HostWork work;
+    bool wait = false;  // a wait marker: runnable once stream `on` completed `count` operations
+    std::uint32_t on = 0;
+    std::uint64_t count = 0;
+  };
+  struct StreamState {
+    HostStream* owner = nullptr;  // nullptr once the stream is destroyed
+    std::deque<Op> queue;
+    std::uint64_t enqueued = 0, done = 0;  // operations (not wait markers)
+    Clock clock;
+  };
+
+  std::recursive_mutex m;
+  std::uint64_t rng;
+  std::uint32_t max_queued;
+  std::vector<StreamState> streams;
+  Clock host;  // what the host waited for: every later operation is ordered after it
+  std::size_t queued = 0;
+  std::map<std::uintptr_t, Segment> shadow;
+  std::vector<HostRace> races;
+
+  HostScheduler(std::uint64_t seed, std::uint32_t mq) : rng(seed), max_queued(mq) {}
+
+  std::uint64_t next() {  // splitmix64
+    std::uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  static void join(Clock& into, const Clock& from) {
+    if (into.size() < from.size()) into.resize(from.size(), 0);
+    for (std::size_t i = 0; i < from.size(); ++i) into[i] = std::max(into[i], from[i]);
+  }
+  static bool ordered(const Access& a, const Clock& c) { return a.stream < c.size() && a.epoch <= c[a.stream]; }
+
+  std::uint32_t add_stream(HostStream* h) {
+    streams.emplace_back();
+    streams.back().owner = h;
+    return static_cast<std::uint32_t>(streams.size() - 1);
+  }
+
+  // Split the shadow so that `at` starts a segment (if a segment covers it).
+  void split(std::uintptr_t at) {
+    auto it = shadow.upper_bound(at);
+    if (it == shadow.begin()) return;
+    --it;
+    if (it->first == at || it->second.end <= at) return;
+    Segment tail = it->second;
+    it->second.end = at;
+    shadow.emplace(at, std::move(tail));
+  }
+
+  void report(const Access& prev, const Access& cur, std::uintptr_t b, std::uintptr_t e) {
+    for (HostRace& r : races)  // one report per pair of operations, over the bytes they share
+      if (r.first_site == *prev.site && r.second_site == *cur.site && r.first_stream == prev.stream &&
+          r.second_stream == cur.stream && r.end >= b && r.begin <= e) {
+        r.begin = std::min(r.begin, b);
+        r.end = std::max(r.end, e);
+        return;
+      }
+    races.push_back({b, e, *prev.site, *cur.site, prev.write, cur.write, prev.stream, cur.stream});
+  }
+
+  // Check one access of the operation whose clock is `c` against the shadow, then record it.
+  void access(const HostAccess& a, const AccessRef& cur, const Clock& c) {
+    if (!a.p || a.bytes == 0) return;
+    const auto b = reinterpret_cast<std::uintptr_t>(a.p);
+    const std::uintptr_t e = b + a.bytes;
+    split(b);
+    split(e);
+    std::uintptr_t at = b;
+    auto it = shadow.lower_bound(b);
+    while (at < e) {
+      if (it == shadow.end() || it->first > at) {  // a gap nobody touched yet
+        const std::uintptr_t gap_end = it == shadow.end() ? e : std::min(e, it->first);
+        Segment s{gap_end, nullptr, {}};
+        if (cur->write) s.write = cur;
+        else s.reads.push_back(cur);
+        it = std::next(shadow.emplace_hint(it, at, std::move(s)));
+        at = gap_end;
+        continue;
+      }
+      Segment& s = it->second;
+      if (s.write && !ordered(*s.write, c)) report(*s.write, *cur, it->first, s.end);
+      if (cur->write) {
+        for (const AccessRef& r : s.reads)
+          if (!ordered(*r, c)) report(*r, *cur, it->first, s.end);
+        s.write = cur;
+        s.reads.clear();
+      } else {
+        std::erase_if(s.reads, [&](const AccessRef& r) { return ordered(*r, c); });
+        s.reads.push_back(cur);
+      }
+      at = s.end;
+      ++it;
+    }
+  }
+
+  void forget(std::uintptr_t b, std::uintptr_t e) {
+    split(b);
+    split(e);
+    shadow.erase(shadow.lower_bound(b), shadow.lower_bound(e));
+  }
+
+  // Give stream `id` its next epoch (after what the host waited for) and check `touches` with it.
+  void stamp(std::uint32_t id, const std::vector<HostAccess>& touches, const std::string& site) {
+    StreamState& st = streams[id];
+    join(st.clock, host);
+    if (st.clock.size() <= id) st.clock.resize(id + 1, 0);
+    const std::uint64_t epoch = ++st.clock[id];
+    if (touches.empty()) return;
+    auto s = std::make_shared<const std::string>(site);
+    for (const HostAccess& a : touches) access(a, std::make_shared<const Access>(Access{id, epoch, a.write, s}), st.clock);
+  }
+
+  void enqueue(std::uint32_t id, HostWork w) {
+    stamp(id, w.touches, w.site);
+    StreamState& st = streams[id];
+    st.queue.push_back({std::move(w), false, 0, 0});
+    ++st.enqueued;
+    ++queued;
+    // The seed decides how much may stay queued after this launch, so the streams' work interleaves.
+    const std::uint64_t keep = next() % (std::uint64_t{max_queued} + 1);
+    while (queued > keep) run_one();
+  }
+
+  // Run (or retire) the head of one runnable stream, chosen by the seed.
+  void run_one() {
+    std::size_t runnable = 0;
+    for (const StreamState& st : streams) runnable += head_ready(st);
+    if (runnable == 0) return;  // cannot happen: waits name work queued before them
+    std::size_t pick = next() % runnable;
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      if (!head_ready(streams[i]) || pick-- != 0) continue;
+      Op op = std::move(streams[i].queue.front());
+      streams[i].queue.pop_front();
+      if (op.wait) return;
+      --queued;
+      // By index: work may bind a new stream (the vector grows). A throw still completes the operation.
+      struct Done {
+        HostScheduler& sc;
+        std::size_t i;
+        ~Done() { ++sc.streams[i].done; }
+      } done{*this, i};
+      if (op.work.run) op.work.run();
+      return;
+    }
+  }
+  bool head_ready(const StreamState& st) const {
+    if (st.queue.empty()) return false;
+    const Op& op = st.queue.front();
+    return !op.wait || streams[op.on].done >= op.count;
+  }
+  void drain(std::uint32_t id) {
+    const std::uint64_t target = streams[id].enqueued;
+    while (streams[id].done < target) run_one();
+  }
+  void drain_all() {
+    while (queued) run_one();
+    for (StreamState& st : streams) st.queue.clear();  // satisfied waits
+  }
+};
+
+}  // namespace detail
+
+std::string HostRace::describe() const {
+  auto what = [](bool w) { return w ? "write" : "read"; };
+  return std::string("graphsafe: unordered accesses to bytes [") + std::to_string(begin) + ", " + std::to_string(end) +
+         "): " + what(first_write) + " by " + first_site + " on host stream #" + std::to_string(first_stream) + ", then " +
+         what(second_write) + " by " + second_site + " on host stream #" + std::to_string(second_stream) +
+         " with no order_after / synchronize between them";
+}
 
 Stream::Stream(HostStream& s) : handle_(static_cast<void*>(&s)) {}
 
-void HostStream::launch(std::function<void()> work) {
-  if (recording_)
-    recording_->push_back(std::move(work));
-  else
+HostStream::HostStream(HostBackend& backend) { (void)backend.host(Stream(*this)); }
+
+HostStream::~HostStream() {
+  if (!backend_) return;
+  detail::HostScheduler& sc = *backend_->sched_;
+  std::lock_guard g(sc.m);
+  sc.drain(id_);  // a destroyed stream's work still completes
+  sc.streams[id_].owner = nullptr;
+}
+
+void HostStream::launch(std::function<void()> work, std::vector<HostAccess> touches, std::source_location loc) {
+  if (recording_) {
+    recording_->push_back({std::move(work), std::move(touches), detail::site_of(loc)});
+  } else if (backend_) {  // set only by a seeded backend
+    detail::HostScheduler& sc = *backend_->sched_;
+    std::lock_guard g(sc.m);
+    sc.enqueue(id_, {std::move(work), std::move(touches), detail::site_of(loc)});
+  } else {
     work();
+  }
 }
 
 namespace {
-HostStream& host(Stream s) {
-  if (!s.handle())
-    throw invalid_argument_error("graphsafe: the host backend got a null stream; pass a graphsafe::HostStream");
-  return *static_cast<HostStream*>(s.handle());
-}
 std::atomic<std::uint64_t> next_capture_id{1};
 struct HostGraph {
-  std::vector<std::function<void()>> work;
+  std::vector<HostWork> work;
 };
+
+// GRAPHSAFE_HOST_EXECUTION: "synchronous", "seeded" or "seeded:<seed>".
+HostExecution execution_from_environment(std::uint64_t& seed) {
+  const char* v = std::getenv("GRAPHSAFE_HOST_EXECUTION");
+  if (!v || !*v || std::string_view(v) == "synchronous") return HostExecution::synchronous;
+  const std::string_view s(v);
+  if (s == "seeded") return HostExecution::seeded;
+  if (s.starts_with("seeded:") && s.size() > 7) {
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(v + 7, &end, 0);
+    if (end && *end == '\0') {
+      seed = n;
+      return HostExecution::seeded;
+    }
+  }
+  throw invalid_argument_error("graphsafe: GRAPHSAFE_HOST_EXECUTION='" + std::string(s) +
+                               "' is not 'synchronous', 'seeded' or 'seeded:<unsigned seed>'");
+}
 }  // namespace
 
-void* HostBackend::allocate_slab(std::uint64_t bytes, Stream) {
+HostBackend::HostBackend(HostBackendOptions o) : opts_(o) {
+  if (opts_.execution == HostExecution::environment) opts_.execution = execution_from_environment(opts_.seed);
+  if (opts_.execution == HostExecution::seeded) {
+    sched_ = std::make_unique<detail::HostScheduler>(opts_.seed, opts_.max_queued);
+    if (opts_.default_stream) (void)host(Stream(static_cast<cudaStream_t>(nullptr)));
+  }
+}
+
+HostBackend::~HostBackend() {
+  if (!sched_) return;
+  std::lock_guard g(sched_->m);
+  sched_->drain_all();
+  for (auto& st : sched_->streams)
+    if (st.owner) st.owner->backend_ = nullptr;
+  if (!sched_->races.empty()) {
+    // Nobody looked at them (take_races): fail the program, as a sanitizer does.
+    for (const HostRace& r : sched_->races) std::fprintf(stderr, "%s\n", r.describe().c_str());
+    std::fprintf(stderr, "graphsafe: %zu unordered access(es) found by the host backend's race checker\n",
+                 sched_->races.size());
+    std::abort();
+  }
+}
+
+HostStream& HostBackend::host(Stream s) const {
+  HostStream* h = static_cast<HostStream*>(s.handle());
+  if (!h) {
+    if (!opts_.default_stream)
+      throw invalid_argument_error("graphsafe: the host backend got a null stream; pass a graphsafe::HostStream "
+                                   "(or set HostBackendOptions::default_stream to model CUDA's default stream)");
+    h = const_cast<HostStream*>(&default_stream_);
+  }
+  if (sched_ && h->backend_ != this) [[unlikely]] {
+    std::lock_guard g(sched_->m);
+    if (h->backend_ && h->backend_ != this)
+      throw invalid_argument_error("graphsafe: a host stream bound to one seeded HostBackend was passed to another; "
+                                   "give each backend its own streams");
+    if (!h->backend_) {
+      h->id_ = sched_->add_stream(h);
+      h->backend_ = const_cast<HostBackend*>(this);
+    }
+  }
+  return *h;
+}
+
+void* HostBackend::allocate_slab(std::uint64_t bytes, Stream s) {
+  HostStream* h = sched_ ? &host(s) : nullptr;  // a bad stream is refused before anything is claimed
   // Claim the bytes against the limit first (atomically: concurrent growth must not overshoot it).
   std::uint64_t used = in_use_.load();
   do {
@@ -45,12 +320,40 @@ void* HostBackend::allocate_slab(std::uint64_t bytes, Stream) {
   }
   std::memset(p, 0xA5, rounded);  // never hand out zeros: they hide unwritten memory in tests
   ++slab_allocations_;
+  if (h) {
+    // Stream-ordered, as cudaMallocAsync: the slab is ready in `s`'s order (its first write).
+    std::lock_guard g(sched_->m);
+    sched_->stamp(h->id_, {HostAccess::writes(p, bytes)}, "allocate_slab(" + std::to_string(bytes) + " bytes)");
+  }
   return p;
 }
 
-void HostBackend::free_slab(void* p, std::uint64_t bytes, Stream) {
-  std::free(p);
+void HostBackend::free_slab(void* p, std::uint64_t bytes, Stream s) {
   in_use_ -= bytes;
+  if (!sched_) {
+    std::free(p);
+    return;
+  }
+  std::lock_guard g(sched_->m);
+  auto& sc = *sched_;
+  const auto b = reinterpret_cast<std::uintptr_t>(p);
+  if (!s.handle()) {
+    // The arena's teardown: after all work on every stream, as CudaBackend waits for the device.
+    sc.drain_all();
+    for (auto& st : sc.streams) detail::HostScheduler::join(sc.host, st.clock);
+    sc.forget(b, b + bytes);
+    std::free(p);
+    return;
+  }
+  // Stream-ordered, as cudaFreeAsync: a last write of the slab on `s`; its bytes leave the checker
+  // (and the process) when the stream gets there.
+  HostStream& h = host(s);
+  sc.enqueue(h.id_, {[&sc, p, b, bytes] {
+                       sc.forget(b, b + bytes);
+                       std::free(p);
+                     },
+                     {HostAccess::writes(p, bytes)},
+                     "free_slab(" + std::to_string(bytes) + " bytes)"});
 }
 
 CaptureInfo HostBackend::capture_info(Stream s) const {
@@ -78,7 +381,7 @@ GraphHandle HostBackend::end_capture(Stream s) {
 }
 
 void HostBackend::abort_capture(Stream s) noexcept {
-  HostStream& h = *static_cast<HostStream*>(s.handle());
+  HostStream& h = s.handle() ? *static_cast<HostStream*>(s.handle()) : default_stream_;
   delete reinterpret_cast<HostGraph*>(h.recording_);
   h.capture_id_ = 0;
   h.recording_ = nullptr;
@@ -88,12 +391,22 @@ void HostBackend::launch(const GraphHandle& g, Stream s) {
   HostStream& h = host(s);
   auto* graph = static_cast<HostGraph*>(g.exec);
   if (h.recording_) {
-    h.recording_->push_back([graph] {
-      for (auto& w : graph->work) w();
-    });
+    HostWork nested{[graph] {
+                      for (auto& w : graph->work) w.run();
+                    },
+                    {},
+                    "graph launch recorded in a capture"};
+    for (const HostWork& w : graph->work) nested.touches.insert(nested.touches.end(), w.touches.begin(), w.touches.end());
+    h.recording_->push_back(std::move(nested));
     return;
   }
-  for (auto& w : graph->work) w();
+  if (sched_) {
+    // The recorded work, in order, on the launch stream; each piece checked with its own ranges.
+    std::lock_guard lk(sched_->m);
+    for (const HostWork& w : graph->work) sched_->enqueue(h.id_, {w.run, w.touches, "graph replay of " + w.site});
+    return;
+  }
+  for (auto& w : graph->work) w.run();
 }
 
 void HostBackend::destroy(GraphHandle& g) noexcept {
@@ -101,17 +414,68 @@ void HostBackend::destroy(GraphHandle& g) noexcept {
   g = {};
 }
 
+void HostBackend::order_after(Stream waiter, Stream producer) {
+  if (!sched_) return;  // synchronous streams are always in order
+  HostStream& w = host(waiter);
+  HostStream& p = host(producer);
+  if (&w == &p) return;
+  std::lock_guard g(sched_->m);
+  auto& sc = *sched_;
+  // Event record on `producer` + wait on `waiter`: later work on `waiter` follows all work so far.
+  detail::HostScheduler::join(sc.streams[w.id_].clock, sc.streams[p.id_].clock);
+  if (sc.streams[p.id_].done < sc.streams[p.id_].enqueued)
+    sc.streams[w.id_].queue.push_back({{}, true, p.id_, sc.streams[p.id_].enqueued});
+}
+
+void HostBackend::synchronize(Stream s) {
+  if (!sched_) return;
+  HostStream& h = host(s);
+  std::lock_guard g(sched_->m);
+  sched_->drain(h.id_);
+  detail::HostScheduler::join(sched_->host, sched_->streams[h.id_].clock);
+}
+
+void HostBackend::quiesce() {
+  if (!sched_) return;
+  std::lock_guard g(sched_->m);
+  sched_->drain_all();
+}
+
+std::vector<HostRace> HostBackend::take_races() {
+  if (!sched_) return {};
+  std::lock_guard g(sched_->m);
+  return std::exchange(sched_->races, {});
+}
+
 }  // namespace graphsafe
 
 namespace graphsafe {
 
-// Host streams run eagerly (debug operations happen outside capture), so these are immediate.
-void HostBackend::fill_bytes(void* p, std::uint64_t bytes, std::uint8_t value, Stream) {
-  if (bytes) std::memset(p, value, bytes);
+// Stream-ordered (debug mode's canaries and audits): queued like any work in seeded mode.
+void HostBackend::fill_bytes(void* p, std::uint64_t bytes, std::uint8_t value, Stream s) {
+  if (!bytes) return;
+  if (!sched_) {
+    std::memset(p, value, bytes);
+    return;
+  }
+  HostStream& h = host(s);
+  std::lock_guard g(sched_->m);
+  sched_->enqueue(h.id_, {[p, bytes, value] { std::memset(p, value, bytes); },
+                          {HostAccess::writes(p, bytes)},
+                          "fill_bytes(" + std::to_string(bytes) + " bytes)"});
 }
 
-void HostBackend::copy_to_host(void* dst, const void* src, std::uint64_t bytes, Stream) {
-  if (bytes) std::memcpy(dst, src, bytes);
+void HostBackend::copy_to_host(void* dst, const void* src, std::uint64_t bytes, Stream s) {
+  if (!bytes) return;
+  if (!sched_) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  HostStream& h = host(s);
+  std::lock_guard g(sched_->m);
+  sched_->enqueue(h.id_, {[dst, src, bytes] { std::memcpy(dst, src, bytes); },
+                          {HostAccess::reads(src, bytes)},
+                          "copy_to_host(" + std::to_string(bytes) + " bytes)"});
 }
 
 }  // namespace graphsafe

@@ -620,7 +620,7 @@ void shrink_impl(detail::ArenaCore& core, Stream s, const Bindings* keep_for) {
     }
     // No replay may be in flight when memory is unmapped.
     core.backend.synchronize(s);
-    if (last && last != s.handle()) core.backend.synchronize(Stream(static_cast<cudaStream_t>(last)));
+    if (last && last != detail::stream_tag(s)) core.backend.synchronize(detail::tagged_stream(last));
     if (!f->virt) continue;
     detail::VirtualFamily& vf = *f->virt;
     std::lock_guard g(vf.m);

@@ -1,9 +1,10 @@
 # Every examples/docs/*.cpp / *.hpp (and the install consumer's CMakeLists.txt shown in the
-# quickstart) must appear verbatim in some docs/*.md, so the docs never show code the build does not
+# quickstart) must appear verbatim in README.md or some docs/*.md, so the docs never show code the build does not
 # compile. Run: cmake -DSRC=<repo> -P examples/docs/check_docs_sync.cmake
 file(GLOB samples ${SRC}/examples/docs/*.cpp ${SRC}/examples/docs/*.hpp)
 list(APPEND samples ${SRC}/tests/install/consumer/CMakeLists.txt)
 file(GLOB pages ${SRC}/docs/*.md)
+list(APPEND pages ${SRC}/README.md)
 set(all "")
 foreach(p ${pages})
   file(READ ${p} text)
@@ -14,7 +15,7 @@ foreach(s ${samples})
   file(READ ${s} code)
   string(FIND "${all}" "${code}" pos)
   if(pos EQUAL -1)
-    message(SEND_ERROR "${s}: its text does not appear verbatim in docs/*.md (paste the whole file into a code block)")
+    message(SEND_ERROR "${s}: its text does not appear verbatim in README.md or docs/*.md (paste the whole file into a code block)")
     set(missing 1)
   else()
     message(STATUS "in sync: ${s}")

@@ -12,8 +12,11 @@ using namespace graphsafe;
 using namespace graphsafe::ds4;
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) return 77;
+  int devices = 0;  // no GPU or no driver: exit 77 (skipped); any other CUDA error fails
+  const cudaError_t found = cudaGetDeviceCount(&devices);
+  if (found == cudaErrorNoDevice || found == cudaErrorInsufficientDriver || found == cudaErrorStubLibrary) return 77;
+  GRAPHSAFE_CUDA(found);
+  if (devices == 0) return 77;
   cudaStream_t s;
   GRAPHSAFE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   bool same = false;

@@ -13,6 +13,10 @@
 //     an overwrite names the workspace, the graph and the replay;
 //   * registers its slabs and workspaces with the NVTX Memory API (CUDA backend), so
 //     compute-sanitizer memcheck reports a write past a workspace into the guard behind it;
+//   * finds the eager workspaces a captured graph uses by pointer (kernel arguments, copy and
+//     memset addresses, pointers declared with captured_pointer) and reports the release of such a
+//     workspace while the graph lives: its bytes would be served again and every replay would write
+//     into their new owner;
 //   * prints each capture's findings on stderr when the capture ends.
 // probe() and audit_replay() work with or without debug mode. Off, none of this costs anything but
 // one predictable branch per request / replay. See docs/debug_mode.md.
@@ -25,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <source_location>
 #include <span>
 #include <string>
 #include <string_view>
@@ -42,6 +47,7 @@ inline constexpr std::string_view concurrent_family_replay = "concurrent-family-
 inline constexpr std::string_view canary_overwrite = "canary-overwrite";                   // 7
 inline constexpr std::string_view replay_mismatch = "replay-mismatch";                     // 9
 inline constexpr std::string_view replay_refused = "replay-refused";                       // 9 (guard refused)
+inline constexpr std::string_view captured_eager_release = "captured-eager-release";
 }  // namespace kind
 
 struct Finding {
@@ -75,6 +81,27 @@ std::string report_json();            // see docs/debug_mode.md for the format
 void write_report(const std::string& path);
 // GRAPHSAFE_DEBUG_REPORT=path: the JSON report is also written at process exit (if any finding was
 // made or debug mode was used).
+
+// ---- eager memory captured by pointer ----------------------------------------------------------
+
+// Declare that the work being captured on `s` uses memory through `p`, for a pointer graphsafe cannot
+// read from the graph: an address a host closure captured (HostStream::launch), a pointer stored in
+// device memory, kernel arguments passed through `extra`. On the CUDA backend kernel arguments,
+// copies and memsets are read from the graph without help. A pointer into an eager workspace of
+// `arena` is then held by the graph like a kernel argument: releasing that workspace while the graph
+// lives is a captured-eager-release finding naming `what` and this call's site.
+//
+//   auto table = arena.request(s, "block_table", Extent(R) * 64, sizeof(int), capacity_bound, b);  // eager
+//   auto graph = capture(arena, s, b, [&](const Bindings&) {
+//     debug::captured_pointer(arena, s, table.data(), "block table");
+//     host_stream.launch([p = table.as<int>()] { use(p); });
+//   });
+//   table.reset();   // finding: 'block_table' released while the graph still uses it
+//
+// Does nothing when the arena is not in debug mode. In debug mode, throws capture_state_error when `s`
+// is not capturing through graphsafe with `arena`.
+void captured_pointer(Arena& arena, Stream s, const void* p, std::string_view what = {},
+                      std::source_location loc = std::source_location::current());
 
 // ---- canaries -----------------------------------------------------------------------------------
 

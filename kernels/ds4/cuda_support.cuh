@@ -4,6 +4,7 @@
 
 #include <graphsafe/ds4/detail/cache_view.hpp>
 #include <graphsafe/ds4/layout.hpp>
+#include <graphsafe/error.hpp>
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -18,22 +19,24 @@ namespace graphsafe::ds4::cuda::detail {
 inline void check_launch(const char* kernel) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
-    throw std::runtime_error(std::string("graphsafe::ds4: launch of ") + kernel + " failed: " +
-                             cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+    throw graphsafe::cuda_error(std::string("graphsafe::ds4: launch of ") + kernel + " failed: " +
+                                    cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")",
+                                static_cast<int>(err));
 }
 inline void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
-    throw std::runtime_error(std::string("graphsafe::ds4: ") + what + " failed: " +
-                             cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+    throw graphsafe::cuda_error(std::string("graphsafe::ds4: ") + what + " failed: " + cudaGetErrorName(err) +
+                                    " (" + cudaGetErrorString(err) + ")",
+                                static_cast<int>(err));
 }
 [[noreturn]] inline void bad_arg(const std::string& fn, const std::string& what, long long value,
                                  const std::string& allowed) {
-  throw std::invalid_argument("graphsafe::ds4::cuda::" + fn + ": " + what + " = " +
+  throw graphsafe::invalid_argument_error("graphsafe::ds4::cuda::" + fn + ": " + what + " = " +
                               std::to_string(value) + " is not allowed; allowed: " + allowed);
 }
 inline void require_ptr(const std::string& fn, const char* name, const void* p) {
   if (p == nullptr)
-    throw std::invalid_argument("graphsafe::ds4::cuda::" + fn + ": " + name +
+    throw graphsafe::invalid_argument_error("graphsafe::ds4::cuda::" + fn + ": " + name +
                                 " is null; a device pointer is required");
 }
 inline void require_heads(const std::string& fn, int h) {

@@ -15,8 +15,9 @@ DeviceBytes device_alloc(std::size_t bytes) {
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 16 : bytes);
   if (err != cudaSuccess)
-    throw std::runtime_error("graphsafe::ds4: cudaMalloc of " + std::to_string(bytes) +
-                             " bytes failed: " + cudaGetErrorString(err));
+    throw graphsafe::cuda_error("graphsafe::ds4: cudaMalloc of " + std::to_string(bytes) +
+                                    " bytes failed: " + cudaGetErrorString(err),
+                                static_cast<int>(err));
   return DeviceBytes(static_cast<std::uint8_t*>(p));
 }
 
@@ -68,8 +69,9 @@ DeviceProblem upload(const DecodeProblem& p) {
 
 void upload_lengths(DeviceProblem& d, const DecodeProblem& p, cudaStream_t stream) {
   if (p.batch != d.batch)
-    throw std::invalid_argument("graphsafe::ds4::cuda::upload_lengths: batch = " + std::to_string(p.batch) +
-                                " differs from the uploaded problem's " + std::to_string(d.batch));
+    throw graphsafe::invalid_argument_error("graphsafe::ds4::cuda::upload_lengths: batch = " +
+                                            std::to_string(p.batch) + " differs from the uploaded problem's " +
+                                            std::to_string(d.batch));
   detail::check_cuda(cudaMemcpyAsync(d.seq_lens, p.seq_lens.data(), p.seq_lens.size() * 4,
                                      cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(seq_lens)");
   if (d.topk_local != nullptr && !p.topk_local.empty())

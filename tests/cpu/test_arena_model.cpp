@@ -7,6 +7,8 @@
 // error paths, one by one: each is a typed error and leaves the arena unchanged and serving.
 #include <catch2/catch.hpp>
 
+#include "../support/stream_work.hpp"
+
 #include <graphsafe/graphsafe.hpp>
 
 #include "arena_core.hpp"  // test-only: FreeList::for_each_block, to walk the blocks
@@ -40,6 +42,8 @@ using detail::Slab;
   do {                                                                  \
     if (!(__VA_ARGS__)) FAIL("model invariant failed: " #__VA_ARGS__); \
   } while (0)
+
+using graphsafe::test::write;
 
 constexpr std::uint64_t kMiB = 1ull << 20;
 std::uint64_t align256(std::uint64_t x) { return (x + 255) / 256 * 256; }
@@ -219,7 +223,8 @@ class Harness {
     MODEL_REQUIRE(w.slabs == st.slabs);
     MODEL_REQUIRE(w.free_blocks == arena.core().fl.free_blocks());
     MODEL_REQUIRE(w.taken == model);
-    // Nobody wrote over anybody: eager contents are intact.
+    // Nobody wrote over anybody: eager contents are intact (once the streams ran what they were given).
+    backend.quiesce();
     for (const Eager& e : eager) MODEL_REQUIRE(filled(e.ws.data(), e.ws.bytes(), e.tag, full));
     for (const Raw& r : raws) MODEL_REQUIRE(filled(r.p, r.bytes, r.tag, full));
   }
@@ -242,7 +247,7 @@ class Harness {
     REQUIRE(w.bytes() == static_cast<std::uint64_t>(count) * elem);
     REQUIRE(addr_of(w.data()) % kAlignment == 0);
     const unsigned char t = tag();
-    if (w.bytes()) std::memset(w.data(), t, w.bytes());
+    write(streams[si], w.data(), w.bytes(), t);
     eager.push_back({std::move(w), si, t});
   }
 
@@ -262,7 +267,7 @@ class Harness {
     REQUIRE(p != nullptr);
     REQUIRE(addr_of(p) % kAlignment == 0);
     const unsigned char t = tag();
-    std::memset(p, t, bytes);
+    write(streams[si], p, bytes, t);
     raws.push_back({p, bytes, si, t});
   }
 
@@ -272,7 +277,10 @@ class Harness {
     const Raw r = raws[i];
     raws.erase(raws.begin() + static_cast<std::ptrdiff_t>(i));
     const std::uint64_t bytes = pick(4) == 0 ? r.bytes / 2 : r.bytes;  // a smaller size is accepted
-    arena.deallocate(streams[stream_index()], r.p, bytes);
+    // Released on any stream, ordered after the one that used it (as a program must: an event).
+    HostStream& on = streams[stream_index()];
+    backend.order_after(on, streams[r.stream]);
+    arena.deallocate(on, r.p, bytes);
     if (pick(4) == 0) {  // double release: refused, nothing changes
       const ArenaStats before = arena.stats();
       REQUIRE_THROWS_WITH(arena.deallocate(streams[r.stream], r.p, r.bytes), Contains("double release"));
@@ -352,12 +360,12 @@ class Harness {
             auto w = arena.request(streams[oi], "side", static_cast<std::int64_t>(1 + pick(30000)), 1, capacity_bound, bb);
             REQUIRE_FALSE(w.captured());
             const unsigned char et = tag();
-            std::memset(w.data(), et, w.bytes());
+            write(streams[oi], w.data(), w.bytes(), et);
             made.push_back({std::move(w), oi, et});
           }
         }
       }
-      for (auto [p, bytes] : ws) s.launch([p = p, bytes = bytes, t] { std::memset(p, t, bytes); });
+      for (auto [p, bytes] : ws) write(s, p, bytes, t);
       if (failure == 0) throw std::runtime_error("boom");
       if (failure == 1) arena.allocate(s, 64 * kMiB);
     };
@@ -440,6 +448,7 @@ class Harness {
       return;
     }
     r.g.replay(bind(batch, nv), s);
+    backend.quiesce();
     for (auto [p, bytes] : r.ws) REQUIRE(filled(p, bytes, r.tag, full));
     ++replays_ok;
   }
@@ -573,7 +582,7 @@ TEST_CASE("arena: a family of 8 graphs shares one region sized by its largest pl
           unsigned char* p = kv.as<unsigned char>();
           const std::uint64_t bytes = kv.bytes();
           const auto t = static_cast<unsigned char>(batch);
-          s.launch([p, bytes, t] { std::memset(p, t, bytes); });
+          write(s, p, bytes, t);
         },
         CaptureOptions{.family = fam}));
     const std::uint64_t plan = align256(static_cast<std::uint64_t>(batch) * 4096 * 2) + align256(batch * 256);
@@ -600,6 +609,7 @@ TEST_CASE("arena: a family of 8 graphs shares one region sized by its largest pl
     Bindings b;
     b.set(B, g.batch).set(n, static_cast<std::int64_t>(rng() % 4097));
     g.g->replay(b, (i % 2) ? s : s2);
+    backend.quiesce();
     CHECK(filled(g.kv, g.kv_bytes, static_cast<unsigned char>(g.batch), true));
   }
   // Destroyed in random order: the region stays until the last graph goes.
@@ -895,8 +905,11 @@ class CountingBackend final : public Backend {
   void abort_capture(Stream s) noexcept override { host.abort_capture(s); }
   void launch(const GraphHandle& g, Stream s) override { host.launch(g, s); }
   void destroy(GraphHandle& g) noexcept override { host.destroy(g); }
-  void order_after(Stream, Stream) override { ++orderings; }
-  void synchronize(Stream) override {}
+  void order_after(Stream w, Stream p) override {
+    ++orderings;
+    host.order_after(w, p);
+  }
+  void synchronize(Stream s) override { host.synchronize(s); }
   HostBackend host;
   int orderings = 0;
 };
@@ -974,7 +987,7 @@ TEST_CASE("arena: cached blocks never make the arena grow or a capture fail", "[
   CHECK(backend.slab_allocations() == 1);
 }
 
-TEST_CASE("arena: raw blocks stay indexed while cached; double release is still refused", "[arena][cache]") {
+TEST_CASE("arena: raw blocks stay indexed while cached and a double release is still refused", "[arena][cache]") {
   HostBackend backend;
   Arena arena(backend, ArenaOptions{.report_findings = false});
   HostStream s;

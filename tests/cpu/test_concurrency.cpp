@@ -50,6 +50,10 @@ void fill(void* p, std::uint64_t bytes, std::uint32_t tag) {
   auto* w = static_cast<std::uint32_t*>(p);
   for (std::uint64_t i = 0; i < bytes / 4; ++i) w[i] = tag ^ static_cast<std::uint32_t>(i);
 }
+// fill() as stream work on `s`, declaring its bytes (the host backend's seeded mode checks them).
+void fill_on(HostStream& s, void* p, std::uint64_t bytes, std::uint32_t tag) {
+  s.launch([p, bytes, tag] { fill(p, bytes, tag); }, {HostAccess::writes(p, bytes)});
+}
 bool intact(const void* p, std::uint64_t bytes, std::uint32_t tag) {
   const auto* w = static_cast<const std::uint32_t*>(p);
   for (std::uint64_t i = 0; i < bytes / 4; ++i)
@@ -86,20 +90,21 @@ void eager_worker(Arena& arena, HostStream& s, int id, int iterations, std::atom
           Workspace w = (rng() & 1) ? arena.request(s, "eager", Extent(n), 4, exact_at_capture, b)
                                     : arena.request(s, "eager", Extent(count), 4, capacity_bound, b);
           if (w.captured() || w.bytes() != static_cast<std::uint64_t>(count) * 4) f.note("eager request came back wrong");
-          fill(w.data(), w.bytes(), tag);
+          fill_on(s, w.data(), w.bytes(), tag);
           live.push_back({std::move(w), tag});
           break;
         }
         case 2: {
           const std::uint64_t bytes = 4 * (1 + rng() % 8192);
           void* p = arena.allocate(s, bytes, 1ull << (rng() % 9));
-          fill(p, bytes, tag);
+          fill_on(s, p, bytes, tag);
           raws.push_back({p, bytes, tag});
           break;
         }
         default:
           break;
       }
+      arena.backend().synchronize(s);  // the fills ran: the checks below read them
       if (live.size() > 12 || (!live.empty() && rng() % 3 == 0)) {
         const Held& h = live.front();
         if (!intact(h.ws.data(), h.ws.bytes(), h.tag)) ++f.pattern;
@@ -116,6 +121,7 @@ void eager_worker(Arena& arena, HostStream& s, int id, int iterations, std::atom
       f.note(std::string("eager worker ") + std::to_string(id) + ": " + e.what());
     }
   }
+  arena.backend().synchronize(s);
   for (const Held& h : live)
     if (!intact(h.ws.data(), h.ws.bytes(), h.tag)) ++f.pattern;
   for (const HeldRaw& r : raws) {
@@ -183,11 +189,13 @@ CaptureCounts capture_worker(Arena& arena, HostStream& s, int id, int rounds, Ca
         count = w.count();
         // The "kernel": fills the whole workspace (its frozen count) with the pattern, then sums it
         // into out[0..1].
-        s.launch([wsp, count, tag, out] {
-          fill(wsp, static_cast<std::uint64_t>(count) * 4, tag);
-          out[0] = tag;
-          out[1] = intact(wsp, static_cast<std::uint64_t>(count) * 4, tag) ? 1u : 0u;
-        });
+        s.launch(
+            [wsp, count, tag, out] {
+              fill(wsp, static_cast<std::uint64_t>(count) * 4, tag);
+              out[0] = tag;
+              out[1] = intact(wsp, static_cast<std::uint64_t>(count) * 4, tag) ? 1u : 0u;
+            },
+            {HostAccess::writes(wsp, static_cast<std::uint64_t>(count) * 4)});
         graphs.push_back({cs.finish(), wsp, count, out});
         pad();
         ++c.ok;
@@ -214,6 +222,7 @@ CaptureCounts capture_worker(Arena& arena, HostStream& s, int id, int rounds, Ca
         rb.set(B, gb).set(n, 1 + static_cast<std::int64_t>(rng() % 2048));
         std::fill(g.out, g.out + 2, 0u);
         g.g.replay(rb, s);
+        arena.backend().synchronize(s);
         ++c.replays;
         if (g.out[1] != 1u || (g.out[0] >> 24) != ((0xF0u + static_cast<std::uint32_t>(id)) & 0xFF)) ++f.replay;
         // After the replay the workspace must still hold the pattern: nobody wrote over it.

@@ -82,7 +82,7 @@ TEST_CASE("cuda_mr: ArenaResource serves eager bytes through the async_resource 
   CHECK(arena.stats().eager_blocks == 0);
 }
 
-TEST_CASE("cuda_mr: async_resource_ref type-erases ArenaResource; equality is per arena", "[cuda_mr]") {
+TEST_CASE("cuda_mr: async_resource_ref type-erases ArenaResource and compares equal only for the same arena", "[cuda_mr]") {
   HostBackend backend;
   Arena arena(backend), other(backend);
   HostStream s, s2;

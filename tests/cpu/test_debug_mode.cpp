@@ -1,10 +1,13 @@
 // Debug mode on the host backend (runs in CI): capture findings (unbounded dynamic sizes, opaque
 // requests), probe capture on the seed's step vs its safe twin, concurrent family replays,
-// canaries naming workspace / graph / replay, audit_replay on the seed's regression, the JSON report.
+// canaries naming workspace / graph / replay, audit_replay on the seed's regression, the JSON report,
+// eager workspaces released while a graph still uses them by pointer.
 #include <catch2/catch.hpp>
 
 #include <graphsafe/debug.hpp>
 #include <graphsafe/graphsafe.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -119,6 +122,12 @@ bool json_well_formed(const std::string& j) {
 
 }  // namespace
 
+// External linkage, never inlined: the release site a finding names (the test links with -rdynamic).
+__attribute__((noinline)) void release_block_table(Workspace& w) {
+  w.reset();
+  asm volatile("" ::: "memory");  // not a tail call: this frame stays on the stack
+}
+
 TEST_CASE("debug: ArenaOptions::debug turns on always_check_capture", "[debug]") {
   HostBackend backend;
   Arena on(backend, debug_options());
@@ -188,7 +197,7 @@ TEST_CASE("debug: off, nothing is reported and no guard bytes are added", "[debu
   CHECK(g_off.plan().entries()[2].offset == g_on.plan().entries()[2].offset);
 }
 
-TEST_CASE_METHOD(SeedDebugArena, "debug: probe reports the seed's size and offset dependencies; its safe twin has none", "[debug][probe]") {
+TEST_CASE_METHOD(SeedDebugArena, "debug: probe reports the seed's size and offset dependencies and none for its safe twin", "[debug][probe]") {
   const Bindings a = m.bind({3, 5}), b = m.bind({15, 17});
 
   const auto diffs = debug::probe(arena, s, step(exact_at_capture, exact_at_capture),
@@ -386,5 +395,136 @@ TEST_CASE_METHOD(SeedDebugArena, "debug: external findings and the JSON report",
   // Quotes and control characters are escaped.
   debug::report_finding("x", "a\"b", "line1\nline2\t\x01", "");
   CHECK(json_well_formed(debug::report_json()));
+  // ... and read back as written (a JSON parser, not the writer's escaping, decides).
+  const auto parsed = nlohmann::json::parse(debug::report_json());
+  CHECK(parsed.at("finding_count") == parsed.at("findings").size());
+  const auto& last = parsed.at("findings").back();
+  CHECK(last.at("kind") == "x");
+  CHECK(last.at("site") == "a\"b");
+  CHECK(last.at("message") == "line1\nline2\t\x01");
   debug::clear_findings();
+}
+
+// The engine pattern: a buffer requested eagerly once, its address captured into a graph, then freed
+// (or re-requested at a new size) while the graph lives. Its bytes are served again and every replay
+// writes into their new owner.
+TEST_CASE_METHOD(SeedDebugArena,
+                 "debug: an eager workspace released while a graph uses it by pointer is reported with both sites",
+                 "[debug][captured-eager]") {
+  auto table = arena.request(s, "block_table", Extent(64), sizeof(int), capacity_bound, Bindings{});
+  auto graph = capture(arena, s, Bindings{}, [&](const Bindings&) {
+    int* p = table.as<int>();
+    debug::captured_pointer(arena, s, p + 3, "block table row 3");  // an interior pointer counts
+    s.launch([p] {
+      for (int i = 0; i < 64; ++i) p[i] = i;
+    });
+  });
+  graph.replay(Bindings{}, s);
+  CHECK(table.as<int>()[63] == 63);  // the graph does write through the captured address
+  CHECK(of_kind(debug::findings(), debug::kind::captured_eager_release).empty());
+
+  release_block_table(table);
+  const auto f = of_kind(debug::findings(), debug::kind::captured_eager_release);
+  REQUIRE(f.size() == 1);
+  INFO(f[0].message << " | site: " << f[0].site);
+  CHECK(f[0].request == "block_table");
+  CHECK_THAT(f[0].graph, Catch::Contains("family 'graph' graph #"));
+  // The capture site: the declaration, with its file and line; and the workspace's request site.
+  CHECK_THAT(f[0].message, Catch::Contains("pointer 'block table row 3' declared at"));
+  CHECK_THAT(f[0].message, Catch::Contains("(256 bytes at 0x"));
+  CHECK_THAT(f[0].message, Catch::Contains("requested at"));
+  CHECK(std::count(f[0].message.begin(), f[0].message.end(), ':') >= 2);
+  CHECK_THAT(f[0].message, Catch::Contains("test_debug_mode.cpp:"));
+  // The release site: the function that released it.
+  CHECK_THAT(f[0].site, Catch::Contains("release_block_table"));
+  CHECK_THAT(f[0].fix, Catch::Contains("inside the capture"));
+}
+
+TEST_CASE_METHOD(SeedDebugArena,
+                 "debug: an eager workspace released inside the capture that uses it is reported when the graph is made",
+                 "[debug][captured-eager]") {
+  auto table = arena.request(s, "block_table", Extent(64), sizeof(int), capacity_bound, Bindings{});
+  auto graph = capture(arena, s, Bindings{}, [&](const Bindings&) {
+    int* p = table.as<int>();
+    debug::captured_pointer(arena, s, p, "block table");
+    s.launch([p] { p[0] = 1; });
+    release_block_table(table);  // "resized" inside the capture: the graph keeps the old address
+  });
+  const auto f = of_kind(debug::findings(), debug::kind::captured_eager_release);
+  REQUIRE(f.size() == 1);
+  INFO(f[0].message << " | site: " << f[0].site);
+  CHECK(f[0].request == "block_table");
+  CHECK_THAT(f[0].message, Catch::Contains("was released during the capture of family 'graph' graph #"));
+  CHECK_THAT(f[0].message, Catch::Contains("pointer 'block table' declared at test_debug_mode.cpp:"));
+  CHECK_THAT(f[0].site, Catch::Contains("release_block_table"));
+  // A later capture with nothing released in it reports nothing more.
+  auto again = arena.request(s, "block_table", Extent(64), sizeof(int), capacity_bound, Bindings{});
+  auto clean = capture(arena, s, Bindings{}, [&](const Bindings&) {
+    int* p = again.as<int>();
+    debug::captured_pointer(arena, s, p, "block table");
+    s.launch([p] { p[0] = 1; });
+  });
+  CHECK(of_kind(debug::findings(), debug::kind::captured_eager_release).size() == 1);
+}
+
+TEST_CASE_METHOD(SeedDebugArena,
+                 "debug: no captured-eager finding for a workspace requested inside the capture, a graph destroyed "
+                 "first, or an eager workspace the graph does not use",
+                 "[debug][captured-eager]") {
+  auto unrelated = arena.request(s, "unrelated", Extent(64), sizeof(int), capacity_bound, Bindings{});
+  {
+    // The fix: the workspace requested inside the capture belongs to the graph.
+    auto graph = capture(arena, s, Bindings{}, [&](const Bindings& b) {
+      auto table = arena.request(s, "block_table", Extent(64), sizeof(int), capacity_bound, b);
+      int* p = table.as<int>();
+      debug::captured_pointer(arena, s, p, "block table");
+      s.launch([p] {
+        for (int i = 0; i < 64; ++i) p[i] = i;
+      });
+    });
+    graph.replay(Bindings{}, s);
+  }
+  {
+    // An eager workspace captured by pointer, released only after the graph is destroyed.
+    auto table = arena.request(s, "block_table", Extent(64), sizeof(int), capacity_bound, Bindings{});
+    {
+      auto graph = capture(arena, s, Bindings{}, [&](const Bindings&) {
+        int* p = table.as<int>();
+        debug::captured_pointer(arena, s, p, "block table");
+        s.launch([p] { p[0] = 1; });
+      });
+      graph.replay(Bindings{}, s);
+    }
+    release_block_table(table);
+  }
+  {
+    // A live graph, and an eager workspace it does not use released.
+    auto other = arena.request(s, "other", Extent(64), sizeof(int), capacity_bound, Bindings{});
+    auto graph = capture(arena, s, Bindings{}, [&](const Bindings&) {
+      int* p = other.as<int>();
+      debug::captured_pointer(arena, s, p, "other");
+      s.launch([p] { p[0] = 1; });
+    });
+    release_block_table(unrelated);
+    CHECK(of_kind(debug::findings(), debug::kind::captured_eager_release).empty());
+    // ...while the one it does use is reported (the checks above could see a release).
+    release_block_table(other);
+    CHECK(of_kind(debug::findings(), debug::kind::captured_eager_release).size() == 1);
+  }
+}
+
+TEST_CASE("debug: captured_pointer outside a capture is refused in debug mode and ignored without it",
+          "[debug][captured-eager]") {
+  HostBackend backend;
+  HostStream s;
+  int x = 0;
+  Arena on(backend, debug_options());
+  CHECK_THROWS_AS(debug::captured_pointer(on, s, &x, "x"), capture_state_error);
+  try {
+    debug::captured_pointer(on, s, &x, "x");
+  } catch (const capture_state_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("not capturing") && Catch::Contains("test_debug_mode.cpp:"));
+  }
+  Arena off(backend);
+  CHECK_NOTHROW(debug::captured_pointer(off, s, &x, "x"));
 }

@@ -143,7 +143,7 @@ TEST_CASE("fp8 e4m3: hand-computed codes decode exactly", "[ds4][fp8]") {
   CHECK(std::isnan(ref::fp8_e4m3_to_float(0xFF)));
 }
 
-TEST_CASE("fp8 e4m3: every code round-trips; positive codes are strictly increasing", "[ds4][fp8]") {
+TEST_CASE("fp8 e4m3: every code round-trips and positive codes are strictly increasing", "[ds4][fp8]") {
   int finite = 0;
   for (int c = 0; c < 256; ++c) {
     if ((c & 0x7F) == 0x7F) continue;
@@ -218,7 +218,7 @@ TEST_CASE("fp8 e4m3: random values encode to the nearest finite code (brute forc
   }
 }
 
-TEST_CASE("bf16: round-to-nearest-even, overflow, NaN; exact decode", "[ds4][bf16]") {
+TEST_CASE("bf16: encoding rounds to nearest even, overflows to inf, canonicalises NaN, and decodes exactly", "[ds4][bf16]") {
   struct Row { float x; std::uint16_t code; };
   const Row rows[] = {
       {1.0f, 0x3F80}, {1.0f + 0x1p-8f, 0x3F80}, {1.0f + 3 * 0x1p-8f, 0x3F82}, {1.0f + 0x1p-8f + 0x1p-20f, 0x3F81},

@@ -3,7 +3,7 @@
 //   * 10^6 random operations (eager requests and releases on 4 streams, raw allocate/deallocate,
 //     captures of 3 families, replays, graph destruction, reserve, trim); at the end everything is
 //     released and trimmed and the backend holds 0 bytes. GRAPHSAFE_SOAK_OPS overrides the count
-//     (scripts/sanitize.sh shortens it under ASan). Prints ops/s.
+//     (at least 10^5: a smaller one fails the test). Prints ops/s.
 //   * With the upstream capped (HostBackendOptions::limit_bytes): reservation fails with an
 //     out_of_memory_error naming the size and the limit, nothing leaks, the arena keeps serving what
 //     it holds, and once memory is released it grows again.
@@ -12,6 +12,7 @@
 #include <graphsafe/graphsafe.hpp>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -28,9 +29,24 @@ using Catch::Contains;
 namespace {
 constexpr std::uint64_t kMiB = 1ull << 20;
 
+// Fewer operations than this would let the soak pass without a single capture, replay or refusal: the
+// checks on the operation mix below would have nothing to count.
+constexpr std::uint64_t kMinSoakOps = 100'000;
+
+// GRAPHSAFE_SOAK_OPS, refused (the test fails, naming the value and the minimum) when it is not a
+// number or below kMinSoakOps, so a shortened soak cannot pass vacuously.
 std::uint64_t soak_ops() {
-  if (const char* e = std::getenv("GRAPHSAFE_SOAK_OPS")) return std::strtoull(e, nullptr, 10);
-  return 1'000'000;
+  const char* e = std::getenv("GRAPHSAFE_SOAK_OPS");
+  if (!e) return 1'000'000;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(e, &end, 10);
+  if (end == e || *end != '\0' || errno == ERANGE || e[0] == '-')
+    FAIL("GRAPHSAFE_SOAK_OPS='" << e << "' is not an operation count (a decimal number >= " << kMinSoakOps << ")");
+  if (v < kMinSoakOps)
+    FAIL("GRAPHSAFE_SOAK_OPS=" << v << " is below the soak's minimum of " << kMinSoakOps
+                               << " operations: fewer would pass without exercising captures, replays and refusals");
+  return v;
 }
 
 void mark(void* p, std::uint64_t bytes, unsigned char t) {
@@ -39,6 +55,10 @@ void mark(void* p, std::uint64_t bytes, unsigned char t) {
   c[0] = t;
   c[bytes / 2] = t;
   c[bytes - 1] = t;
+}
+// mark() as stream work on `s`, declaring the workspace as written (the seeded mode checks it).
+void mark_on(HostStream& s, void* p, std::uint64_t bytes, unsigned char t) {
+  s.launch([p, bytes, t] { mark(p, bytes, t); }, {HostAccess::writes(p, bytes)});
 }
 bool marked(const void* p, std::uint64_t bytes, unsigned char t) {
   if (!bytes) return true;
@@ -77,11 +97,12 @@ TEST_CASE("soak: 10^6 random host-backend operations, nothing left at the end", 
       b.set(B, 1).set(n, count % 4097);
       Workspace w = (rng() & 1) ? arena.request(s, "e", Extent(count), 1 + rng() % 8, capacity_bound, b)
                                 : arena.request(s, "x", Extent(n), 4, exact_at_capture, b);
-      mark(w.data(), w.bytes(), tag);
+      mark_on(s, w.data(), w.bytes(), tag);
       eager.push_back({std::move(w), tag});
     } else if (op < 65) {
       if (!eager.empty()) {
         const std::size_t k = rng() % eager.size();
+        backend.quiesce();  // what the streams were given has run (seeded mode)
         bad += !marked(eager[k].ws.data(), eager[k].ws.bytes(), eager[k].t);
         eager[k] = std::move(eager.back());
         eager.pop_back();
@@ -90,12 +111,14 @@ TEST_CASE("soak: 10^6 random host-backend operations, nothing left at the end", 
       if (raws.size() > 32) continue;
       const std::uint64_t bytes = rng() % 50000;
       void* p = arena.allocate(s, bytes, 1ull << (rng() % 9));
-      mark(p, bytes, tag);
+      mark_on(s, p, bytes, tag);
       raws.push_back({p, bytes, si, tag});
     } else if (op < 85) {
       if (!raws.empty()) {
         const std::size_t k = rng() % raws.size();
+        backend.quiesce();
         bad += !marked(raws[k].p, raws[k].bytes, raws[k].t);
+        backend.order_after(s, streams[static_cast<std::size_t>(raws[k].s)]);  // used there: an event
         arena.deallocate(s, raws[k].p, raws[k].bytes);
         raws[k] = raws.back();
         raws.pop_back();
@@ -115,7 +138,7 @@ TEST_CASE("soak: 10^6 random host-backend operations, nothing left at the end", 
           arena.allocate(s, rng() % 3000);
           p = w.as<unsigned char>();
           bytes = w.bytes();
-          s.launch([p, bytes, t] { mark(p, bytes, t); });
+          mark_on(s, p, bytes, t);
         }, o);
         graphs.push_back({std::move(g), p, bytes, t, batch});
         ++captures;
@@ -130,6 +153,7 @@ TEST_CASE("soak: 10^6 random host-backend operations, nothing left at the end", 
         Bindings b;
         b.set(B, g.batch).set(n, static_cast<std::int64_t>(rng() % 4097));
         g.g.replay(b, s);
+        backend.quiesce();
         bad += !marked(g.p, g.bytes, g.t);
         ++replays;
       }
@@ -179,11 +203,9 @@ TEST_CASE("soak: 10^6 random host-backend operations, nothing left at the end", 
               static_cast<unsigned long long>(peak.slabs), static_cast<unsigned long long>(peak.slab_bytes),
               static_cast<unsigned long long>(backend.slab_allocations()),
               static_cast<unsigned long long>(backend.bytes_in_use()));
-  if (ops >= 100000) {
-    CHECK(captures > ops / 100);
-    CHECK(replays > ops / 50);
-    CHECK(refused > 0);
-  }
+  CHECK(captures > ops / 100);
+  CHECK(replays > ops / 50);
+  CHECK(refused > 0);
 }
 
 TEST_CASE("out of memory: capped upstream, clear errors, nothing leaks, the arena keeps serving", "[soak][oom]") {

@@ -170,7 +170,7 @@ TEST_CASE("virtual: a replay whose need did not grow takes the fast path and map
   CHECK(graph.virtual_stats().grow_events == after.grow_events + 1);
 }
 
-TEST_CASE("virtual: chunks are pooled and reused across graphs; shrink unmaps only what is not needed",
+TEST_CASE("virtual: chunks are pooled and reused across graphs, and shrink unmaps only what is not needed",
           "[virtual]") {
   Fixture f;
   Bindings b = f.m.bind(f.dev_lens);

@@ -1,16 +1,19 @@
 // libFuzzer harness: the arena on the host backend driven by arbitrary operation sequences.
 //
-// Each input is decoded into a configuration (upstream cap, growth, number of streams) and a list of
-// operations: reserve, eager request / release, raw allocate / deallocate (including wrong sizes,
+// Each input is decoded into a configuration (upstream cap, growth, number of streams and arenas,
+// the host backend's execution: synchronous or seeded with a seed from the input) and a list of
+// operations, each for one of the arenas (they share the backend): reserve, eager request / release, raw allocate / deallocate (including wrong sizes,
 // double and foreign releases), dimension, begin capture (a CaptureSession left open across
 // operations, so requests interleave with it), end or abandon a capture, replay (guarded, on any
-// stream, also on a capturing one), destroy a graph, trim. After every operation the arena is
+// stream, also on a capturing one), destroy a graph, trim, a burst of eager traffic from several
+// threads on their own streams. After every operation the arena is
 // compared with a simple model (a map of live ranges, the families' regions and the open sessions'
 // held ranges): bytes add up, nothing overlaps, blocks tile their slabs, the backend holds exactly
 // the slab bytes, live eager contents are intact. graphsafe::error is an expected outcome of many
 // operations; which type is thrown is checked where the model can predict it, and the arena must be
-// consistent afterwards either way. Anything else (a crash, a sanitizer report, a model mismatch)
-// aborts.
+// consistent afterwards either way. Anything else (a crash, a sanitizer report, a model mismatch,
+// a race the seeded backend's checker reports: every write is a stream launch declaring its bytes)
+// aborts. GRAPHSAFE_HOST_EXECUTION=seeded:<n> makes every input run seeded.
 //
 //   build: cmake -DGRAPHSAFE_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ ...; run: arena_fuzzer corpus/ -max_total_time=60
 #include <graphsafe/graphsafe.hpp>
@@ -25,8 +28,10 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace graphsafe;
@@ -81,6 +86,11 @@ class Reader {
 bool sampled(const void* p, std::uint64_t bytes, unsigned char tag) {
   const auto* c = static_cast<const unsigned char*>(p);
   return bytes == 0 || (c[0] == tag && c[bytes / 2] == tag && c[bytes - 1] == tag);
+}
+
+// A "kernel" writing `tag` over [p, p + bytes) on `s`, its bytes declared to the race checker.
+void write(HostStream& s, void* p, std::uint64_t bytes, unsigned char tag) {
+  if (bytes) s.launch([p, bytes, tag] { std::memset(p, tag, bytes); }, {HostAccess::writes(p, bytes)});
 }
 
 bool filled(const void* p, std::uint64_t bytes, unsigned char tag) {
@@ -160,8 +170,12 @@ struct Open {
 
 class Fuzz {
  public:
-  Fuzz(Reader& r, HostBackendOptions bo, ArenaOptions ao, int nstreams)
-      : r_(r), backend_(bo), arena_(backend_, ao), streams_(static_cast<std::size_t>(nstreams)), limit_(bo.limit_bytes) {
+  // `backend` is shared by every arena of the input (each has streams of its own: a stream that one
+  // arena captures is not another's to allocate on); `slab_bytes` sums the arenas' slabs.
+  Fuzz(Reader& r, HostBackend& backend, ArenaOptions ao, int nstreams, std::uint64_t limit,
+       std::function<std::uint64_t()> slab_bytes)
+      : r_(r), backend_(backend), arena_(backend_, ao), streams_(static_cast<std::size_t>(nstreams)), limit_(limit),
+        all_slab_bytes_(std::move(slab_bytes)) {
     for (int i = 0; i < 3; ++i) {
       fams_.emplace_back();
       fams_.back().fam = arena_.family("fz" + std::to_string(i));
@@ -181,23 +195,23 @@ class Fuzz {
     FZ_CHECK(st.free_bytes == st.slab_bytes);
     arena_.trim(streams_[0]);
     FZ_CHECK(arena_.stats().slabs == 0);
-    FZ_CHECK(backend_.bytes_in_use() == 0);
   }
 
-  void run() {
-    int steps = 0;
-    while (!r_.done() && steps++ < 256) {
-      step(r_.u8());
-      check();
-    }
+  void step(std::uint8_t op) {
+    run_step(op);
+    check();
   }
+  const Arena& arena() const { return arena_; }
 
  private:
   Reader& r_;
-  HostBackend backend_;
+  HostBackend& backend_;
   Arena arena_;
   std::deque<HostStream> streams_;
+  // The threads' streams: they live as long as the arena (blocks they released are tagged with them).
+  std::deque<HostStream> thread_streams_{4};
   std::uint64_t limit_;
+  std::function<std::uint64_t()> all_slab_bytes_;
   // Symbols live in a process-wide registry: made once, not once per input.
   static inline const Symbol B_ = Symbol::fixed("fz.batch");
   static inline const Symbol n_ = Symbol::dynamic("fz.n", 4096);
@@ -223,10 +237,10 @@ class Fuzz {
     return b;
   }
 
-  void step(std::uint8_t op) {
+  void run_step(std::uint8_t op) {
     static const bool trace = std::getenv("FZ_TRACE") != nullptr;  // FZ_TRACE=1: print each op
-    if (trace) std::fprintf(stderr, "op %d (opens %zu graphs %zu)\n", op % 16, opens_.size(), graphs_.size());
-    switch (op % 16) {
+    if (trace) std::fprintf(stderr, "op %d (opens %zu graphs %zu)\n", op % 17, opens_.size(), graphs_.size());
+    switch (op % 17) {
       case 0: reserve(); break;
       case 1: case 2: request(); break;
       case 3: release(); break;
@@ -240,6 +254,7 @@ class Fuzz {
       case 12: dimension(); break;
       case 13: misuse(); break;
       case 14: request(); break;
+      case 16: threads(); break;
       default: if (!opens_.empty()) end_capture(); else begin_capture();
     }
   }
@@ -314,7 +329,7 @@ class Fuzz {
       o->ws.emplace_back(w.as<unsigned char>(), w.bytes());  // 0 bytes too: it has an offset in the plan
       return;  // the handle dying is harmless: the graph owns it
     }
-    if (w.bytes()) std::memset(w.data(), t, w.bytes());
+    write(hs(si), w.data(), w.bytes(), t);
     eager_.push_back({std::move(w), t});
   }
 
@@ -341,7 +356,7 @@ class Fuzz {
       return;
     }
     const unsigned char t = tag();
-    std::memset(p, t, bytes);
+    write(hs(si), p, bytes, t);
     raws_.push_back({p, bytes, si, t});
   }
 
@@ -379,6 +394,7 @@ class Fuzz {
       return;
     }
     const std::uint64_t bytes = how == 1 ? x.bytes / 2 : x.bytes;  // smaller is accepted
+    if (!hs(si).capturing()) backend_.order_after(hs(si), hs(x.stream));  // written there: an event
     OP(Expect::ok, arena_.deallocate(hs(si), x.p, bytes));
     raws_.erase(raws_.begin() + static_cast<std::ptrdiff_t>(i));
     if (how == 2) {  // double release (unless the range was reused since: then it is another live block)
@@ -447,7 +463,7 @@ class Fuzz {
       if (f.graphs == 0) f.region = f.base = 0;
       return;
     }
-    for (auto [p, bytes] : o.ws) hs(o.stream).launch([p = p, bytes = bytes, t = o.tag] { std::memset(p, t, bytes); });
+    for (auto [p, bytes] : o.ws) write(hs(o.stream), p, bytes, o.tag);
     std::optional<CapturedGraph> g;
     OP(Expect::ok, g.emplace(o.cs->finish()));
     o.cs.reset();
@@ -480,6 +496,7 @@ class Fuzz {
     graphs_.push_back({std::move(*g), o.fam, o.n_at_capture, o.exact, std::move(o.ws), o.tag});
     // Replay once right away: its workspaces get their pattern.
     OP(Expect::ok, graphs_.back().g.replay(bind(1, o.n_at_capture), hs(o.stream)));
+    backend_.quiesce();
     for (auto [p, bytes] : graphs_.back().ws) FZ_CHECK(filled(p, bytes, o.tag));
   }
 
@@ -495,8 +512,10 @@ class Fuzz {
     Expect e = Expect::ok;
     if (capturing) e = Expect::capture_state;
     else if ((g.exact && nv > g.n_at_capture) || (uses_batch && batch != 1)) e = Expect::guard;
-    if (OP(e, g.g.replay(bind(batch, nv), hs(si))))
+    if (OP(e, g.g.replay(bind(batch, nv), hs(si)))) {
+      backend_.quiesce();
       for (auto [p, bytes] : g.ws) FZ_CHECK(sampled(p, bytes, g.tag));
+    }
   }
 
   void destroy() {
@@ -557,9 +576,40 @@ class Fuzz {
              a.active_captures == b.active_captures);
   }
 
+  // Eager traffic from 2..4 threads at once, each on a stream of its own: everything it takes it
+  // gives back, so the model is unchanged (the arena may have grown).
+  void threads() {
+    const int n = 2 + r_.u8() % 3;
+    const int rounds = 1 + r_.u8() % 16;
+    const std::uint64_t seed = r_.u16();
+    for (HostStream& h : thread_streams_) (void)backend_.capture_info(h);  // bound before the threads start
+    std::vector<std::thread> ts;
+    std::atomic<int> wrong{0};
+    for (int i = 0; i < n; ++i)
+      ts.emplace_back([&, i] {
+        HostStream& h = thread_streams_[static_cast<std::size_t>(i)];
+        std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i);
+        for (int k = 0; k < rounds; ++k) {
+          x = x * 6364136223846793005ull + 1442695040888963407ull;
+          const auto count = static_cast<std::int64_t>((x >> 33) % 70000);
+          const auto t = static_cast<unsigned char>(251 + i);
+          try {
+            Workspace w = arena_.request(h, "fz.thread", Extent(count), 1, capacity_bound, Bindings());
+            write(h, w.data(), w.bytes(), t);
+            backend_.synchronize(h);
+            if (!filled(w.data(), w.bytes(), t)) ++wrong;
+          } catch (const out_of_memory_error&) {
+          }
+        }
+      });
+    for (std::thread& t : ts) t.join();
+    FZ_CHECK(wrong.load() == 0);
+  }
+
   void check() {
+    backend_.quiesce();  // contents are checked below: what the streams were given has run
     const ArenaStats st = arena_.stats();
-    FZ_CHECK(st.slab_bytes == backend_.bytes_in_use());
+    FZ_CHECK(all_slab_bytes_() == backend_.bytes_in_use());
     FZ_CHECK(st.active_captures == opens_.size());
     FZ_CHECK(st.live_graphs == graphs_.size());
     FZ_CHECK(backend_.bytes_in_use() <= limit_);
@@ -662,6 +712,7 @@ class Fuzz {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Reader r(data, size);
   const std::uint8_t cfg = r.u8();
+  const std::uint8_t cfg2 = r.u8();
   // Always capped: an uncapped huge slab would be a real multi-GiB host allocation (libFuzzer's
   // malloc limit) and slow. 4..10 MiB models a capped upstream pool; 16 MiB is "enough".
   HostBackendOptions bo;
@@ -671,8 +722,29 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   ao.grow_on_demand = (cfg & 4) == 0;
   ao.report_findings = false;
   ao.always_check_capture = (cfg & 8) != 0;
-  const int nstreams = 1 + (cfg >> 4) % 3;
-  Fuzz f(r, bo, ao, nstreams);
-  f.run();
+  // Seeded (the interleaving and how much stays queued from the input) or the environment's choice.
+  if (cfg2 & 1) {
+    bo.execution = HostExecution::seeded;
+    bo.seed = cfg2 >> 1;
+    bo.max_queued = (cfg2 >> 4) % 9;
+  }
+  const int nstreams = 1 + (cfg >> 4) % 3 + ((cfg2 >> 1) & 1);
+  const int narenas = 1 + ((cfg2 >> 2) & 1);
+  HostBackend backend(bo);
+  {
+    std::deque<Fuzz> arenas;
+    auto slab_bytes = [&arenas] {
+      std::uint64_t sum = 0;
+      for (const Fuzz& f : arenas) sum += f.arena().stats().slab_bytes;
+      return sum;
+    };
+    for (int i = 0; i < narenas; ++i) arenas.emplace_back(r, backend, ao, nstreams, bo.limit_bytes, slab_bytes);
+    int steps = 0;
+    while (!r.done() && steps++ < 256) {
+      const std::uint8_t op = r.u8();
+      arenas[static_cast<std::size_t>(op >> 7) % arenas.size()].step(op & 0x7f);
+    }
+  }  // each arena tears down and trims
+  FZ_CHECK(backend.bytes_in_use() == 0);
   return 0;
 }

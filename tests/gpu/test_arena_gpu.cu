@@ -148,7 +148,7 @@ TEST_CASE("gpu: replay after the sequences grow equals an eager run, bitwise", "
   CHECK(arena.stats().eager_blocks == 0);
 }
 
-TEST_CASE("gpu: exact-at-capture is refused before launch; bypassing the guard overwrites the canary",
+TEST_CASE("gpu: exact-at-capture is refused before launch, and bypassing the guard overwrites the canary",
           "[gpu][seed][guard]") {
   StreamHolder s_holder;
   const cudaStream_t s = s_holder.s;

@@ -1,6 +1,7 @@
 // Debug mode on a real GPU: capture findings, probe of kernel arguments (cudaGraphKernelNodeGetParams
 // + cudaFuncGetParamInfo), canaries checked after replays, concurrent family replays, audit_replay on
-// the seed's regression, NVTX registration compiled in (compute-sanitizer: examples/nvtx_overflow_demo).
+// the seed's regression, NVTX registration compiled in (compute-sanitizer: examples/nvtx_overflow_demo),
+// eager workspaces released while a graph's kernels or copies still use them.
 #include <catch2/catch.hpp>
 
 #include <graphsafe/debug.hpp>
@@ -56,6 +57,12 @@ std::vector<debug::Finding> of_kind(const std::vector<debug::Finding>& fs, std::
 
 }  // namespace
 
+// External linkage, never inlined: the release site a finding names (the test links with -rdynamic).
+__attribute__((noinline)) void release_metadata(Workspace& w) {
+  w.reset();
+  asm volatile("" ::: "memory");  // not a tail call: this frame stays on the stack
+}
+
 TEST_CASE("gpu debug: capture findings for unbounded sizes and opaque requests", "[gpu][debug]") {
   debug::clear_findings();
   StreamHolder sh;
@@ -87,7 +94,7 @@ TEST_CASE("gpu debug: capture findings for unbounded sizes and opaque requests",
   CHECK(debug::check_canaries(graph, sh.s).empty());
 }
 
-TEST_CASE("gpu debug: probe reports differing kernel arguments; the safe twin reports nothing", "[gpu][debug][probe]") {
+TEST_CASE("gpu debug: probe reports differing kernel arguments and nothing for the safe twin", "[gpu][debug][probe]") {
   debug::clear_findings();
   StreamHolder sh;
   CudaBackend backend;
@@ -227,5 +234,114 @@ TEST_CASE("gpu debug: audit_replay flags the exact-at-capture graph and passes t
   CHECK(bypassed[0].equal);
   CHECK_FALSE(bypassed[1].equal);  // the seed's corruption, found byte for byte
   CHECK_FALSE(of_kind(debug::findings(), debug::kind::replay_mismatch).empty());
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
+}
+
+// The engine pattern: metadata requested eagerly once, its address captured as a kernel argument and
+// as a copy's source, then released while the graph lives: its bytes are served again and every
+// replay writes into their new owner.
+// Findings cleared, a debug-mode arena with 16 MiB reserved, and a device buffer copies go to.
+struct EagerCaptureFixture {
+  EagerCaptureFixture() {
+    debug::clear_findings();
+    arena.reserve(16 << 20, sh.s);
+  }
+  StreamHolder sh;
+  CudaBackend backend;
+  Arena arena{backend, debug_options()};
+  DevBuf<std::int64_t> copied{1024};
+};
+
+TEST_CASE_METHOD(EagerCaptureFixture,
+                 "gpu debug: an eager workspace released while a captured kernel or copy uses it is reported",
+                 "[gpu][debug][captured-eager]") {
+  auto meta = arena.request(sh.s, "decode.metadata", Extent(1024), sizeof(std::int64_t), capacity_bound, Bindings{});
+  auto graph = capture(arena, sh.s, Bindings{}, [&](const Bindings&) {
+    fill_kernel<<<4, kThreads, 0, sh.s>>>(meta.as<std::int64_t>(), meta.count(), 7);
+    GRAPHSAFE_CUDA(cudaGetLastError());
+    GRAPHSAFE_CUDA(cudaMemcpyAsync(copied.p, meta.data(), meta.bytes(), cudaMemcpyDeviceToDevice, sh.s));
+  });
+  graph.replay(Bindings{}, sh.s);
+  // Reference: the replay wrote the eager workspace and copied it out (the graph does use it).
+  std::vector<std::int64_t> host(copied.n);
+  GRAPHSAFE_CUDA(cudaMemcpyAsync(host.data(), copied.p, copied.bytes(), cudaMemcpyDeviceToHost, sh.s));
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
+  CHECK(std::all_of(host.begin(), host.end(), [](std::int64_t v) { return v == 7; }));
+  CHECK(of_kind(debug::findings(), debug::kind::captured_eager_release).empty());
+
+  release_metadata(meta);
+  auto f = of_kind(debug::findings(), debug::kind::captured_eager_release);
+  REQUIRE(f.size() == 1);  // one finding per graph, naming the first node found using it
+  INFO(f[0].message << " | site: " << f[0].site);
+  CHECK(f[0].request == "decode.metadata");
+  CHECK_THAT(f[0].graph, Catch::Contains("graph #"));
+  CHECK_THAT(f[0].message, Catch::Contains("(8192 bytes at 0x"));
+  CHECK_THAT(f[0].message, Catch::Contains("requested at test_debug_gpu.cu:"));
+  const bool kernel = f[0].message.find("argument 0 of node #") != std::string::npos &&
+                      f[0].message.find("fill_kernel") != std::string::npos;
+  const bool copy = f[0].message.find("the source of node #") != std::string::npos;
+  CHECK((kernel || copy));
+  CHECK_THAT(f[0].site, Catch::Contains("release_metadata"));
+
+  // A graph that only copies from an eager workspace: the memcpy node is what holds it.
+  debug::clear_findings();
+  auto src = arena.request(sh.s, "decode.positions", Extent(512), sizeof(std::int64_t), capacity_bound, Bindings{});
+  auto copy_graph = capture(arena, sh.s, Bindings{}, [&](const Bindings&) {
+    GRAPHSAFE_CUDA(cudaMemcpyAsync(copied.p, src.data(), src.bytes(), cudaMemcpyDeviceToDevice, sh.s));
+  });
+  release_metadata(src);
+  f = of_kind(debug::findings(), debug::kind::captured_eager_release);
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].request == "decode.positions");
+  CHECK_THAT(f[0].message, Catch::Contains("the source of node #") && Catch::Contains("(memcpy)"));
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
+}
+
+TEST_CASE_METHOD(EagerCaptureFixture,
+                 "gpu debug: an eager workspace released inside the capture whose kernel uses it is reported",
+                 "[gpu][debug][captured-eager]") {
+  auto meta = arena.request(sh.s, "decode.metadata", Extent(1024), sizeof(std::int64_t), capacity_bound, Bindings{});
+  auto graph = capture(arena, sh.s, Bindings{}, [&](const Bindings&) {
+    fill_kernel<<<4, kThreads, 0, sh.s>>>(meta.as<std::int64_t>(), meta.count(), 7);
+    GRAPHSAFE_CUDA(cudaGetLastError());
+    release_metadata(meta);  // "resized" inside the capture: the kernel node keeps the old address
+  });
+  const auto f = of_kind(debug::findings(), debug::kind::captured_eager_release);
+  REQUIRE(f.size() == 1);
+  INFO(f[0].message << " | site: " << f[0].site);
+  CHECK(f[0].request == "decode.metadata");
+  CHECK_THAT(f[0].message, Catch::Contains("was released during the capture of"));
+  CHECK_THAT(f[0].message, Catch::Contains("argument 0 of node #") && Catch::Contains("fill_kernel"));
+  CHECK_THAT(f[0].site, Catch::Contains("release_metadata"));
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
+}
+
+TEST_CASE_METHOD(EagerCaptureFixture,
+                 "gpu debug: no captured-eager finding for a workspace requested inside the capture or a graph "
+                 "destroyed first",
+                 "[gpu][debug][captured-eager]") {
+  {
+    // The fix: the workspace requested inside the capture belongs to the graph.
+    auto graph = capture(arena, sh.s, Bindings{}, [&](const Bindings& b) {
+      auto meta = arena.request(sh.s, "decode.metadata", Extent(1024), sizeof(std::int64_t), capacity_bound, b);
+      fill_kernel<<<4, kThreads, 0, sh.s>>>(meta.as<std::int64_t>(), meta.count(), 7);
+      GRAPHSAFE_CUDA(cudaGetLastError());
+      GRAPHSAFE_CUDA(cudaMemcpyAsync(copied.p, meta.data(), meta.bytes(), cudaMemcpyDeviceToDevice, sh.s));
+    });
+    graph.replay(Bindings{}, sh.s);
+    GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
+  }
+  auto meta = arena.request(sh.s, "decode.metadata", Extent(1024), sizeof(std::int64_t), capacity_bound, Bindings{});
+  {
+    // Eager, captured, but the graph is destroyed before the workspace is released.
+    auto graph = capture(arena, sh.s, Bindings{}, [&](const Bindings&) {
+      fill_kernel<<<4, kThreads, 0, sh.s>>>(meta.as<std::int64_t>(), meta.count(), 7);
+      GRAPHSAFE_CUDA(cudaGetLastError());
+    });
+    graph.replay(Bindings{}, sh.s);
+    GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
+  }
+  release_metadata(meta);
+  CHECK(of_kind(debug::findings(), debug::kind::captured_eager_release).empty());
   GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
 }

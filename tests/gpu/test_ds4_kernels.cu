@@ -12,12 +12,14 @@
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/problem.hpp>
 #include <graphsafe/ds4/reference.hpp>
+#include <graphsafe/error.hpp>
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -31,6 +33,18 @@ namespace {
 
 void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) FAIL(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// The attention options the tests launch with: the run's environment picks them (the library reads
+// none), so one binary checks every engine and merge: GRAPHSAFE_DS4_ATTENTION=mma_sync (ctest's
+// test_ds4_kernels_mma_sync) and GRAPHSAFE_DS4_CLUSTER=0 (the scratch + combine merge).
+gk::AttentionOptions attention_options() {
+  gk::AttentionOptions o;
+  const char* e = std::getenv("GRAPHSAFE_DS4_ATTENTION");
+  if (e != nullptr && std::string(e) == "mma_sync") o.engine = gk::AttentionEngine::mma_sync;
+  const char* c = std::getenv("GRAPHSAFE_DS4_CLUSTER");
+  if (c != nullptr && std::string(c) == "0") o.cluster_merge = false;
+  return o;
 }
 
 template <class T>
@@ -118,7 +132,7 @@ GatherPath run_gather_path(const ds4::DecodeProblem& p, const gk::DeviceProblem&
   wa.c.splits = splits; wa.c.scratch = scratch.get();
   wa.ws = ws.get(); wa.ws_rows = static_cast<std::int64_t>(B) * M; wa.idx = idx.get(); wa.width = width;
   wa.lens = lens.get();
-  gk::sparse_attention_workspace(wa, st);
+  gk::sparse_attention_workspace(wa, st, attention_options());
   return GatherPath{idx.download(), lens.download(), ws.download(), out.download()};
 }
 
@@ -157,12 +171,12 @@ AttnRun run_attention(const ds4::DecodeProblem& p, int forced_splits, cudaStream
   pa.swa = d.swa; pa.swa_idx = swa_idx.get(); pa.swa_width = c.window; pa.swa_lens = swa_lens.get();
   if (c.ratio > 1) { pa.cmp = d.cmp; pa.cmp_idx = cmp_idx.get(); pa.cmp_width = cw; pa.cmp_lens = cmp_lens.get(); }
   out.fill_byte(0xFF);  // poison: every element must be written
-  gk::sparse_attention_paged(pa, st);
+  gk::sparse_attention_paged(pa, st, attention_options());
   AttnRun r;
   r.paged = out.download();
   pa.c.splits = forced_splits;
   out.fill_byte(0xFF);
-  gk::sparse_attention_paged(pa, st);
+  gk::sparse_attention_paged(pa, st, attention_options());
   r.paged1 = out.download();
 
   // gather path with capacity sizes: N = compressed capacity, M = N + W
@@ -540,27 +554,27 @@ TEST_CASE("sparse attention: small batch with a Pro-like C4 (K = 1024, H = 128) 
   CHECK(exact);
 }
 
-TEST_CASE("launchers reject bad arguments with std::invalid_argument", "[ds4][args]") {
+TEST_CASE("launchers reject bad arguments with graphsafe's invalid_argument_error", "[ds4][args]") {
   gk::PagedAttentionArgs pa;
   pa.c.batch = 1; pa.c.heads = 96;
-  CHECK_THROWS_AS(gk::sparse_attention_paged(pa, nullptr), std::invalid_argument);
+  CHECK_THROWS_AS(gk::sparse_attention_paged(pa, nullptr), graphsafe::invalid_argument_error);
   try {
     gk::sparse_attention_paged(pa, nullptr);
-  } catch (const std::invalid_argument& e) {
+  } catch (const graphsafe::invalid_argument_error& e) {
     const std::string m = e.what();
     CHECK(m.find("96") != std::string::npos);
     CHECK(m.find("64 or 128") != std::string::npos);
   }
   pa.c.heads = 64; pa.c.batch = 0;
-  CHECK_THROWS_AS(gk::sparse_attention_paged(pa, nullptr), std::invalid_argument);
+  CHECK_THROWS_AS(gk::sparse_attention_paged(pa, nullptr), graphsafe::invalid_argument_error);
   pa.c.batch = 1;  // null q / out
-  CHECK_THROWS_AS(gk::sparse_attention_paged(pa, nullptr), std::invalid_argument);
+  CHECK_THROWS_AS(gk::sparse_attention_paged(pa, nullptr), graphsafe::invalid_argument_error);
   gk::WorkspaceAttentionArgs wa;
   wa.c.batch = 2; wa.c.heads = 128;
-  CHECK_THROWS_AS(gk::sparse_attention_workspace(wa, nullptr), std::invalid_argument);
+  CHECK_THROWS_AS(gk::sparse_attention_workspace(wa, nullptr), graphsafe::invalid_argument_error);
   gk::GatherIndexArgs gi;
   gi.batch = 1; gi.ratio = 3;
-  CHECK_THROWS_AS(gk::combine_gather(gi, nullptr), std::invalid_argument);
+  CHECK_THROWS_AS(gk::combine_gather(gi, nullptr), graphsafe::invalid_argument_error);
   {  // the ragged layout keeps the int32 bound on B*M (its rows lie below B*M)
     std::int32_t dummy[4] = {};
     gk::GatherIndexArgs r;
@@ -568,8 +582,8 @@ TEST_CASE("launchers reject bad arguments with std::invalid_argument", "[ds4][ar
     r.seq_lens = dummy; r.topk_local = dummy; r.idx = dummy; r.lens = dummy;
     CHECK_THROWS_WITH(gk::combine_gather(r, nullptr), Catch::Contains("B*M"));
   }
-  CHECK_THROWS_AS(gk::quantize_insert_f32(nullptr, nullptr, 4, {}, nullptr), std::invalid_argument);
-  CHECK_THROWS_AS(gk::choose_splits(4, 32, 640, 132), std::invalid_argument);
+  CHECK_THROWS_AS(gk::quantize_insert_f32(nullptr, nullptr, 4, {}, nullptr), graphsafe::invalid_argument_error);
+  CHECK_THROWS_AS(gk::choose_splits(4, 32, 640, 132), graphsafe::invalid_argument_error);
 }
 
 TEST_CASE("the paged-direct attention path is capturable in a CUDA Graph and replays bitwise", "[ds4][graph]") {
@@ -599,7 +613,7 @@ TEST_CASE("the paged-direct attention path is capturable in a CUDA Graph and rep
   cudaGraph_t g;
   ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "begin capture");
   gk::combine_paged(pi, st);
-  gk::sparse_attention_paged(pa, st);
+  gk::sparse_attention_paged(pa, st, attention_options());
   ck(cudaStreamEndCapture(st, &g), "end capture");
   cudaGraphExec_t ge;
   ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
@@ -610,7 +624,7 @@ TEST_CASE("the paged-direct attention path is capturable in a CUDA Graph and rep
     ck(cudaStreamSynchronize(st), "sync");
     const auto replay = out.download();
     gk::combine_paged(pi, st);
-    gk::sparse_attention_paged(pa, st);
+    gk::sparse_attention_paged(pa, st, attention_options());
     ck(cudaStreamSynchronize(st), "sync");
     const auto eager = out.download();
     CHECK(replay == eager);
@@ -620,5 +634,83 @@ TEST_CASE("the paged-direct attention path is capturable in a CUDA Graph and rep
   }
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
+  cudaStreamDestroy(st);
+}
+
+TEST_CASE("the attention options select the merge: the cluster and the scratch merge agree to a bf16 ulp", "[ds4][attention]") {
+  int dev = 0, major = 0;
+  ck(cudaGetDevice(&dev), "device");
+  ck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "compute capability");
+  if (major != 9) {
+    WARN("the warp-specialized engine (and its cluster merge) needs compute capability 9.x; this device has " << major);
+    return;
+  }
+  ds4::LayerConfig cfg;
+  cfg.ratio = 4; cfg.window = 128; cfg.topk = 512; cfg.heads = 64; cfg.max_model_len = 4096;
+  const auto p = ds4::make_problem(cfg, {3, 700, 2500, 4096}, 47, ds4::Picks::random, 4096);
+  gk::DeviceProblem d = gk::upload(p);
+  const int B = p.batch, cw = cfg.compressed_width(), W = cfg.window, splits = 2;
+  Dev<std::int32_t> ci(B * cw), cl(B), si(B * W), sl(B);
+  Dev<std::uint16_t> out(static_cast<std::size_t>(B) * 64 * 512);
+  const std::size_t scratch_bytes = gk::sparse_attention_scratch_bytes(B, 64, splits);
+  Dev<std::uint8_t> scratch(scratch_bytes);
+  gk::PagedIndexArgs pi;
+  pi.batch = B; pi.ratio = 4; pi.window = W; pi.topk = cfg.topk; pi.cmp_width = cw;
+  pi.seq_lens = d.seq_lens; pi.topk_local = d.topk_local; pi.swa_block_table = d.swa_block_table;
+  pi.swa_blocks_per_req = d.swa_blocks_per_req; pi.swa_block_tokens = cfg.swa_block_tokens;
+  pi.cmp_block_table = d.cmp_block_table; pi.cmp_blocks_per_req = d.cmp_blocks_per_req;
+  pi.cmp_block_entries = cfg.compressed_block_entries();
+  pi.cmp_idx = ci.get(); pi.cmp_lens = cl.get(); pi.swa_idx = si.get(); pi.swa_lens = sl.get();
+  gk::PagedAttentionArgs pa;
+  pa.c.batch = B; pa.c.heads = 64; pa.c.q = d.q; pa.c.sink = d.sink; pa.c.out = out.get();
+  pa.c.splits = splits; pa.c.scratch = scratch.get();
+  pa.swa = d.swa; pa.swa_idx = si.get(); pa.swa_width = W; pa.swa_lens = sl.get();
+  pa.cmp = d.cmp; pa.cmp_idx = ci.get(); pa.cmp_width = cw; pa.cmp_lens = cl.get();
+  cudaStream_t st;
+  ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+  gk::combine_paged(pi, st);
+
+  gk::AttentionOptions cluster;
+  cluster.engine = gk::AttentionEngine::warp_specialized;
+  gk::AttentionOptions scratch_merge = cluster;
+  scratch_merge.cluster_merge = false;
+
+  scratch.fill_byte(0xAB);
+  out.fill_byte(0xFF);
+  ck(cudaDeviceSynchronize(), "fills");
+  gk::sparse_attention_paged(pa, st, cluster);
+  ck(cudaStreamSynchronize(st), "sync");
+  const auto by_cluster = out.download();
+  const auto scratch_after_cluster = scratch.download();
+  // The cluster merge never touches the scratch (the poison is intact).
+  CHECK(std::all_of(scratch_after_cluster.begin(), scratch_after_cluster.end(), [](std::uint8_t v) { return v == 0xAB; }));
+
+  out.fill_byte(0xFF);
+  ck(cudaDeviceSynchronize(), "fill");
+  gk::sparse_attention_paged(pa, st, scratch_merge);
+  ck(cudaStreamSynchronize(st), "sync");
+  const auto by_scratch = out.download();
+  const auto scratch_after = scratch.download();
+  // The scratch path wrote its partials. Both merges weigh the splits in split order with the same
+  // formula; the compiler may contract a multiply-add differently in each kernel, so an output may
+  // differ by one bf16 rounding step (never more).
+  CHECK(std::count(scratch_after.begin(), scratch_after.end(), std::uint8_t{0xAB}) <
+        static_cast<std::ptrdiff_t>(scratch_after.size() / 2));
+  CHECK(std::none_of(by_cluster.begin(), by_cluster.end(), [](std::uint16_t v) { return v == 0xFFFF; }));
+  auto f32 = [](std::uint16_t v) {
+    const std::uint32_t u = static_cast<std::uint32_t>(v) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  std::size_t beyond_ulp = 0, differing = 0;
+  for (std::size_t i = 0; i < by_cluster.size(); ++i) {
+    if (by_cluster[i] == by_scratch[i]) continue;
+    ++differing;
+    const float a = f32(by_cluster[i]), b = f32(by_scratch[i]);
+    if (!(std::fabs(a - b) <= std::ldexp(std::max(std::fabs(a), std::fabs(b)), -7))) ++beyond_ulp;
+  }
+  INFO("outputs differing: " << differing << " of " << by_cluster.size());
+  CHECK(beyond_ulp == 0);
   cudaStreamDestroy(st);
 }

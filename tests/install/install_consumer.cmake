@@ -1,8 +1,8 @@
-# CTest driver of install_consumer: `cmake --install` the build tree into a fresh prefix, then
-# configure, build and run tests/install/consumer against it with find_package(graphsafe REQUIRED).
-#   cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCXX_COMPILER=...
+# CTest driver of the install tests: `cmake --install` the build tree into a fresh prefix, then
+# configure, build and run a consumer project (SOURCE_DIR, executable EXE) against it.
+#   cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DEXE=... -DGENERATOR=... -DCXX_COMPILER=...
 #         -DCUDA_TOOLKIT_ROOT=... [-DCONFIG=...] -P install_consumer.cmake
-foreach(v BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER)
+foreach(v BUILD_DIR SOURCE_DIR WORK_DIR EXE GENERATOR CXX_COMPILER)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "install_consumer: ${v} not set")
   endif()
@@ -40,10 +40,24 @@ if(CONFIG)
 endif()
 step("configure consumer" "${CMAKE_COMMAND}" ${configure_args})
 step("build consumer" "${CMAKE_COMMAND}" --build "${consumer_build}" ${config_args})
-if(EXISTS "${consumer_build}/consumer")
-  set(exe "${consumer_build}/consumer")
+if(EXISTS "${consumer_build}/${EXE}")
+  set(exe "${consumer_build}/${EXE}")
 else()
-  file(GLOB_RECURSE exe "${consumer_build}/consumer" "${consumer_build}/*/consumer")
+  file(GLOB_RECURSE exe "${consumer_build}/*/${EXE}")
 endif()
 step("run consumer" "${exe}")
-message(STATUS "install_consumer: passed")
+# No installed target may name a path inside the toolkit: consumers bring their own (CUDA::...).
+if(CUDA_TOOLKIT_ROOT)
+  file(REAL_PATH "${CUDA_TOOLKIT_ROOT}" toolkit_real)
+  file(GLOB target_files "${prefix}/lib*/cmake/graphsafe/*Targets*.cmake")
+  foreach(f ${target_files})
+    file(READ "${f}" text)
+    foreach(root "${CUDA_TOOLKIT_ROOT}" "${toolkit_real}")
+      string(FIND "${text}" "${root}/" pos)
+      if(NOT pos EQUAL -1)
+        message(FATAL_ERROR "install_consumer: ${f} names the toolkit path ${root}")
+      endif()
+    endforeach()
+  endforeach()
+endif()
+message(STATUS "install_consumer: ${EXE} passed")

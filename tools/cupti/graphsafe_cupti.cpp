@@ -12,11 +12,12 @@
 //   * Our own driver calls from inside a callback run with t_in_tool set and are ignored.
 #include <graphsafe/cupti.hpp>
 
+#include "frames.hpp"
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <cupti.h>  // includes generated_cuda_meta.h / generated_cuda_runtime_api_meta.h (no include guards)
 
-#include <cxxabi.h>
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <sys/syscall.h>
@@ -144,22 +145,6 @@ bool is_device_pointer(const void* p) {
 
 // ---- backtraces ---------------------------------------------------------------------------------
 
-std::string demangle(const char* s) {
-  if (!s) return {};
-  int status = 0;
-  char* d = abi::__cxa_demangle(s, nullptr, nullptr, &status);
-  std::string out = (status == 0 && d) ? d : s;
-  std::free(d);
-  if (out.size() > 240) out = out.substr(0, 237) + "...";
-  return out;
-}
-
-const char* base_name(const char* path) {
-  if (!path) return "?";
-  const char* slash = std::strrchr(path, '/');
-  return slash ? slash + 1 : path;
-}
-
 void* self_base() {
   static void* base = [] {
     Dl_info info{};
@@ -169,36 +154,18 @@ void* self_base() {
   return base;
 }
 
-bool infrastructure(const Dl_info& info) {
-  if (info.dli_fbase == self_base()) return true;
-  const char* b = base_name(info.dli_fname);
-  return std::strncmp(b, "libcupti", 8) == 0 || std::strncmp(b, "libcuda.so", 10) == 0 ||
-         std::strncmp(b, "libcudart", 9) == 0 || std::strncmp(b, "libgraphsafe_cupti", 18) == 0;
-}
-
-// Symbolized frames of the caller, CUDA/CUPTI/our frames skipped. `api` is the function the callback
-// is for: with a statically linked cudart, the frames up to and including it belong to the runtime.
+// Symbolized frames of the caller from its call site outwards (frames.hpp): the frames of the CUDA
+// runtime (shared, or static inside the program), the driver, CUPTI and this library are dropped,
+// so the first entry is the program's own call and keys the finding. `api` is the function the
+// callback is for.
 std::vector<std::string> caller_backtrace(const char* api) {
   void* pcs[64];
   const int n = ::backtrace(pcs, 64);
-  std::vector<Dl_info> infos(static_cast<std::size_t>(std::max(n, 0)));
-  int start = 0;
-  for (int i = 0; i < n; ++i) {
-    Dl_info& info = infos[static_cast<std::size_t>(i)];
-    if (!dladdr(pcs[i], &info)) info = Dl_info{};
-    if (api && info.dli_sname && std::strcmp(info.dli_sname, api) == 0) start = i + 1;
-  }
+  const std::vector<detail::Frame> frames = detail::symbolize(pcs, n);
   std::vector<std::string> out;
-  for (int i = start; i < n && out.size() < 24; ++i) {
-    const Dl_info& info = infos[static_cast<std::size_t>(i)];
-    if (info.dli_fname && infrastructure(info)) continue;
-    char off[64];
-    const auto pc = reinterpret_cast<std::uintptr_t>(pcs[i]);
-    std::snprintf(off, sizeof off, "+0x%" PRIxPTR, pc - reinterpret_cast<std::uintptr_t>(info.dli_fbase));
-    std::string f = info.dli_sname ? demangle(info.dli_sname) : std::string("??");
-    f += std::string(" (") + base_name(info.dli_fname) + off + ")";
-    out.push_back(std::move(f));
-  }
+  for (std::size_t i = detail::first_outside_runtime(frames, api ? api : "", self_base());
+       i < frames.size() && out.size() < 24; ++i)
+    out.push_back(frames[i].describe());
   return out;
 }
 

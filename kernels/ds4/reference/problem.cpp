@@ -1,4 +1,4 @@
-// LayerConfig widths, problem validation, and the deterministic random problem (make_problem/grow).
+// Problem validation and the deterministic random problem (make_problem/grow).
 #include <graphsafe/ds4/problem.hpp>
 #include <graphsafe/ds4/reference.hpp>
 
@@ -12,16 +12,6 @@
 #include <random>
 
 namespace graphsafe::ds4 {
-
-int LayerConfig::compressed_width() const {
-  if (ratio == 4) return topk;
-  if (ratio > 1) return static_cast<int>(ref::detail::round_up(compressed_capacity(), 128));
-  return 0;
-}
-
-int LayerConfig::combined_width() const {
-  return static_cast<int>(ref::detail::round_up(static_cast<long long>(compressed_width()) + window, 128));
-}
 
 namespace ref {
 namespace {

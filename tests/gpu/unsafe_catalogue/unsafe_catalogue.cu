@@ -11,12 +11,16 @@
 //     own capture findings (Plan::findings()) and replay guards (guard_failure) catch them; this
 //     program forwards them to the report with graphsafe::cupti::report_external.
 // check_case.cmake runs each case and checks the report: unsafe -> flagged with the right kind and
-// site; safe -> zero findings. The case functions have external linkage and the executable exports
-// its symbols (ENABLE_EXPORTS) so CUPTI backtraces name them.
+// site; safe -> zero findings. The case functions are never inlined so each is a frame of its own;
+// graphsafe_cupti names them from the executable's symbol table and debug info. The catalogue is
+// built twice: with the shared CUDA runtime (unsafe_catalogue) and with the static one, nvcc's
+// default, exporting no symbols (unsafe_catalogue_static).
 #include <graphsafe/cuda_mr.hpp>  // first: defines the CCCL experimental memory-resource macro
 
 #include <graphsafe/cupti.hpp>
 #include <graphsafe/graphsafe.hpp>
+
+#include "../../support/cuda_device.hpp"
 
 #include <cub/device/device_radix_sort.cuh>
 #include <thrust/execution_policy.h>
@@ -200,6 +204,31 @@ NOINLINE void gs_case_d2h_memcpy_relaxed(Ctx& c, bool safe) {
       int h = 0;
       SOFT(cudaMemcpy(&h, c.d_count, sizeof h, cudaMemcpyDeviceToHost));
       fill(c.s, c.d_buf, std::max(h, 1));
+    } else {
+      read_count_kernel<<<1, 128, 0, c.s>>>(c.d_count, c.d_buf);  // fix: the kernel reads the count
+    }
+  });
+}
+
+// Two synchronous D2H copies inside a relaxed capture, made by two functions: two findings, one
+// per call site. (With a statically linked runtime both calls' innermost frames are the runtime's
+// own code inside the executable; taken for the site, they merged the two into one finding.)
+NOINLINE int gs_read_token_count(Ctx& c) {
+  int h = 0;
+  SOFT(cudaMemcpy(&h, c.d_count, sizeof h, cudaMemcpyDeviceToHost));
+  return h;
+}
+NOINLINE int gs_read_block_count(Ctx& c) {
+  int h = 0;
+  SOFT(cudaMemcpy(&h, c.d_count, sizeof h, cudaMemcpyDeviceToHost));
+  return h;
+}
+NOINLINE void gs_case_two_d2h_callers(Ctx& c, bool safe) {
+  raw_capture_and_replay(c.s, cudaStreamCaptureModeRelaxed, [&] {
+    if (!safe) {
+      const int tokens = gs_read_token_count(c);
+      const int blocks = gs_read_block_count(c);
+      fill(c.s, c.d_buf, std::max(tokens + blocks, 1));
     } else {
       read_count_kernel<<<1, 128, 0, c.s>>>(c.d_count, c.d_buf);  // fix: the kernel reads the count
     }
@@ -434,6 +463,7 @@ static const Case kCases[] = {
     {"malloc_async_outside_arena", gs_case_malloc_async_outside_arena, "cudaMallocAsync workspace inside capture, host-sized (graph memory node outside the arena)"},
     {"stream_sync_relaxed", gs_case_stream_sync_relaxed, "cudaStreamSynchronize inside a relaxed capture"},
     {"d2h_memcpy_relaxed", gs_case_d2h_memcpy_relaxed, "cudaMemcpy D2H inside a relaxed capture (.item() pattern)"},
+    {"two_d2h_callers", gs_case_two_d2h_callers, "two cudaMemcpy D2H calls inside a relaxed capture, from two functions"},
     {"thrust_temporaries", gs_case_thrust_temporaries, "Thrust sort temporaries without the graphsafe allocator"},
     {"cub_two_phase", gs_case_cub_two_phase, "CUB two-phase temp storage cudaMalloc'ed inside capture"},
     {"two_stream_launch", gs_case_two_stream_launch, "one graph exec launched on two streams without ordering"},
@@ -470,11 +500,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "unknown case '%s' (--list)\n", name.c_str());
     return 2;
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no usable CUDA device\n");
-    return 77;
-  }
+  if (const int rc = graphsafe::testing::gpu_test_skip_or_fail("unsafe_catalogue"); rc >= 0) return rc;
   if (in_process && !cupti::enable()) return 3;
   std::fprintf(stderr, "unsafe_catalogue: case %s (%s): %s\n", chosen->name, safe ? "safe twin" : "unsafe",
                chosen->source);

@@ -19,7 +19,7 @@ struct DeviceFree {
   void operator()(void* p) const noexcept;
 };
 using DeviceBytes = std::unique_ptr<std::uint8_t, DeviceFree>;
-DeviceBytes device_alloc(std::size_t bytes);  // throws std::runtime_error naming the size on failure
+DeviceBytes device_alloc(std::size_t bytes);  // throws graphsafe::cuda_error naming the size on failure
 
 struct DeviceProblem {
   LayerConfig cfg;

@@ -2,8 +2,8 @@
 //
 // Every launcher takes plain device pointers and a stream, performs no host synchronisation and no
 // allocation (so each is capturable in a CUDA Graph), checks its launch with cudaGetLastError
-// (std::runtime_error naming the kernel and the CUDA error) and rejects bad arguments with
-// std::invalid_argument naming the value and the allowed values. Lengths that change between graph
+// (graphsafe::cuda_error naming the kernel and the CUDA error) and rejects bad arguments with
+// graphsafe::invalid_argument_error naming the value and the allowed values (graphsafe/error.hpp). Lengths that change between graph
 // replays (seq_lens, lens) are read from DEVICE memory; only static quantities (B, H, widths,
 // workspace row counts N and M, capacities) are launch arguments.
 //
@@ -146,12 +146,26 @@ void gather_workspace(const GatherArgs& a, cudaStream_t stream);
 // sparse_attention_scratch_bytes. splits == 1 needs no scratch (may be null). choose_splits() picks a
 // count that fills the GPU from static shapes only (no host sync). With 2 or 4 splits the default
 // engine merges the splits inside a thread-block cluster and leaves the scratch untouched; it is still
-// required (the fallback path when a cluster launch is refused or GRAPHSAFE_DS4_CLUSTER=0).
-// GRAPHSAFE_DS4_ATTENTION=mma_sync selects the mma.sync tile engine instead of wgmma (both tested).
-// The wgmma engine uses programmatic dependent launch (GRAPHSAFE_DS4_PDL=0 turns it off): it may
-// start before the previous kernel of the stream ends, and waits for it before reading any input.
+// required (the fallback path when a cluster launch is refused or options.cluster_merge is false).
+// AttentionOptions picks the tile engine (both tested) and the launch features.
 int choose_splits(int batch, int heads, int max_rows_per_request, int num_sms);
 std::size_t sparse_attention_scratch_bytes(int batch, int heads, int splits);
+
+// Tile engine of the attention.
+enum class AttentionEngine {
+  automatic,         // warp_specialized on a compute capability 9.x device, else mma_sync
+  warp_specialized,  // wgmma + warp specialization, sm_90a code only (an error on other devices)
+  mma_sync,          // the portable mma.sync engine
+};
+struct AttentionOptions {
+  AttentionEngine engine = AttentionEngine::automatic;
+  // warp_specialized with 2 or 4 splits: merge the splits inside a thread-block cluster (false: the
+  // scratch + combine kernel, as for other split counts).
+  bool cluster_merge = true;
+  // warp_specialized: programmatic dependent launch -- the kernel may start before the previous
+  // kernel of the stream ends, and waits for it before reading any input.
+  bool programmatic_launch = true;
+};
 
 struct AttentionCommon {
   int batch = 0;
@@ -179,7 +193,8 @@ struct PagedAttentionArgs {
   int cmp_width = 0;
   const std::int32_t* cmp_lens = nullptr;     // [B]
 };
-void sparse_attention_paged(const PagedAttentionArgs& a, cudaStream_t stream);
+void sparse_attention_paged(const PagedAttentionArgs& a, cudaStream_t stream,
+                            const AttentionOptions& options = {});
 
 // (B) over the bf16 gather workspace ws [ws_rows, 512] through combined indices [B, width].
 struct WorkspaceAttentionArgs {
@@ -190,7 +205,8 @@ struct WorkspaceAttentionArgs {
   int width = 0;
   const std::int32_t* lens = nullptr;         // [B]
 };
-void sparse_attention_workspace(const WorkspaceAttentionArgs& a, cudaStream_t stream);
+void sparse_attention_workspace(const WorkspaceAttentionArgs& a, cudaStream_t stream,
+                                const AttentionOptions& options = {});
 
 // Number of multiprocessors of the current device (cached per device; no sync).
 int device_sm_count();

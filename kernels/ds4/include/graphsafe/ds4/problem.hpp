@@ -3,31 +3,13 @@
 // tests, the benchmarks and the demo. Everything is plain host memory; the CUDA side uploads it.
 #pragma once
 
+#include <graphsafe/ds4/layer_config.hpp>
 #include <graphsafe/ds4/layout.hpp>
 
 #include <cstdint>
 #include <vector>
 
 namespace graphsafe::ds4 {
-
-// One layer type. ratio: 1 = C1 (SWA only), 4 = C4 (overlapping gated pooling + indexer top-k),
-// 128 = C128 (all compressed rows). SPEC.md sections 1-2.
-struct LayerConfig {
-  int ratio = 4;
-  int window = kDefaultWindow;          // W
-  int topk = 512;                       // K: C4 indexer picks (ignored for C1/C128)
-  int heads = 64;                       // H (padded heads: 64 or 128 on GPU; any on CPU)
-  int max_model_len = 65536;            // capacity of seq_len
-  int swa_block_tokens = kSwaBlockTokens;
-  // compressed cache block: 256 tokens -> 256/ratio entries (C4: 64, C128: 2)
-  int compressed_block_entries() const { return ratio > 1 ? kCompressedBlockSpan / ratio : 0; }
-  // capacity of visible compressed rows: ceil(max_model_len / r), 0 for C1
-  int compressed_capacity() const { return ratio > 1 ? (max_model_len + ratio - 1) / ratio : 0; }
-  // static width of the compressed part of a combined index row: C4 K, C128 round_up(cap,128), C1 0
-  int compressed_width() const;
-  // combined index row width: round_up(compressed_width + W, 128) (SPEC.md 4.4)
-  int combined_width() const;
-};
 
 // seq_len L includes the current token (p = L - 1). n_c = L / r compressed rows visible.
 inline int visible_compressed(int seq_len, int ratio) { return ratio > 1 ? seq_len / ratio : 0; }

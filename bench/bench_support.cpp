@@ -1,0 +1,65 @@
+#include "bench_support.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+namespace graphsafe::bench {
+
+namespace {
+nlohmann::ordered_json number(double v) {
+  if (!std::isfinite(v)) return nullptr;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return std::strtod(buf, nullptr);
+}
+}  // namespace
+
+std::string command_line(int argc, char** argv) {
+  std::string c;
+  for (int i = 0; i < argc; ++i) c += (i ? " " : "") + std::string(argv[i]);
+  return c;
+}
+
+void write_records(const std::string& path, const std::vector<Record>& records, const std::string& machine,
+                   const std::string& command) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const Record& r : records) {
+    const bool base = !r.baseline_name.empty();
+    nlohmann::ordered_json j;
+    j["name"] = r.name;
+    j["value"] = number(r.value);
+    j["unit"] = r.unit;
+    j["baseline_name"] = base ? nlohmann::ordered_json(r.baseline_name) : nullptr;
+    j["baseline_value"] = base ? number(r.baseline_value) : nullptr;
+    j["ratio"] = !base ? nullptr : r.ratio ? number(*r.ratio) : number(r.baseline_value / r.value);
+    j["machine"] = machine;
+    j["command"] = command;
+    out.push_back(std::move(j));
+  }
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error("cannot write " + path + " (" + std::strerror(errno) + ")");
+  // One record per line, as in bench/results/.
+  f << "[\n";
+  for (std::size_t i = 0; i < out.size(); ++i)
+    f << "  " << out[i].dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
+      << (i + 1 < out.size() ? ",\n" : "\n");
+  f << "]\n";
+  if (!f) throw std::runtime_error("error writing " + path);
+}
+
+void check_writable(const std::string& path) {
+  const bool existed = std::filesystem::exists(path);
+  std::ofstream probe(path, std::ios::app);
+  if (!probe) throw std::runtime_error("cannot write " + path + " (" + std::strerror(errno) + ")");
+  probe.close();
+  if (!existed) std::filesystem::remove(path);
+}
+
+}  // namespace graphsafe::bench

@@ -1,0 +1,32 @@
+"""docs/python.md: every ```python block runs, in order, in one namespace (as a reader would paste
+them); ```python cuda blocks run only with torch and a CUDA device."""
+import pathlib
+import re
+
+import pytest
+
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md"
+
+
+def blocks(tag):
+    return re.findall(r"^```python" + tag + r"\n(.*?)^```", DOC.read_text(), re.S | re.M)
+
+
+def test_the_quickstart_runs():
+    code = blocks("")
+    assert len(code) >= 2, "docs/python.md lost its quickstart blocks"
+    ns = {}
+    for i, block in enumerate(code):
+        exec(compile(block, f"{DOC.name}[python block {i}]", "exec"), ns)
+    assert ns["out"].tolist() == [32, 40]  # the safe replay's result: the refused replay never ran
+
+
+def test_the_torch_section_runs_on_a_gpu():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    code = blocks(" cuda")
+    assert code, "docs/python.md lost its torch block"
+    ns = {}
+    for i, block in enumerate(code):
+        exec(compile(block, f"{DOC.name}[cuda block {i}]", "exec"), ns)
