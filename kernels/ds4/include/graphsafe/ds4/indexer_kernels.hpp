@@ -1,0 +1,65 @@
+// GPU launchers of the lightning indexer (graphsafe/ds4/indexer.hpp describes the math, the cache
+// layout and the selection rule; ref:: there is the CPU twin of each launcher). Like kernels.hpp:
+// plain device pointers and a stream, no host synchronisation and no allocation (capturable), bad
+// arguments rejected with std::invalid_argument naming the value and the allowed values; lengths
+// that change between replays are read from device memory.
+#pragma once
+
+#include <graphsafe/ds4/device_problem.hpp>
+#include <graphsafe/ds4/indexer.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace graphsafe::ds4 {
+namespace cuda {
+
+// One CTA per output row: row_index[i] = j of the request whose token 0 is state row state_base[i];
+// written to `cache` at slots[i] (< 0 skips). State: [tokens, 256] fp32 each for kv and score.
+void indexer_compress_insert(const float* kv_state, const float* score_state, const std::int64_t* state_base,
+                             const std::int32_t* row_index, const std::int32_t* slots, int n,
+                             const float* norm_weight, float rope_theta, float eps, IndexerCache cache,
+                             cudaStream_t stream);
+
+struct IndexerScoreArgs {
+  int batch = 0;
+  std::int64_t N = 0;                          // row stride of logits (rows past it are not scored)
+  const std::int32_t* seq_lens = nullptr;      // [B] device; n_c = seq_len / 4
+  const std::uint8_t* q = nullptr;             // fp8 e4m3 [B, 64, 128]
+  const float* weights = nullptr;              // [B, 64]
+  IndexerCache cache;                          // device base
+  const std::int32_t* block_table = nullptr;   // [B, blocks_per_req] (the C4 compressed block table)
+  int blocks_per_req = 0;
+  float* logits = nullptr;                     // out [B, N]: rows s < min(n_c(b), N) written
+};
+// Tensor cores (fp8 mma.sync, fp32 accumulate). No bound check against N (see the header comment).
+void indexer_score(const IndexerScoreArgs& a, cudaStream_t stream);
+
+// Copies make_indexer_inputs' arrays to the device (synchronous; not under capture).
+struct DeviceIndexerInputs {
+  IndexerCache cache;                 // device base
+  std::uint8_t* q = nullptr;
+  float* weights = nullptr;
+  DeviceBytes storage;
+};
+DeviceIndexerInputs upload(const ref::IndexerInputs& in);
+
+inline constexpr int kIndexerMaxTopk = 2048;   // K up to V4-Pro's C4 1024, with room
+
+struct IndexerTopkArgs {
+  int batch = 0;
+  std::int64_t N = 0;                          // as for indexer_score; B * N <= 2^31 - 1
+  int k = 512;                                 // K (<= kIndexerMaxTopk): row stride of topk_local
+  const std::int32_t* seq_lens = nullptr;      // [B] device
+  const float* logits = nullptr;               // [B, N] from indexer_score
+  std::int32_t* topk_local = nullptr;          // out [B, K]
+};
+// One CTA per request: a radix select of the K-th best score, then CUB's BlockRadixSort orders the
+// picked rows (the selection rule of indexer.hpp). Needs no workspace beyond the logits. Rows
+// past min(n_c, N) are never read.
+void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace graphsafe::ds4

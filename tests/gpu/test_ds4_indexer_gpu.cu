@@ -1,0 +1,224 @@
+// The lightning indexer on the GPU against its CPU reference (graphsafe/ds4/indexer.hpp), and the
+// whole C4 attention step (indexer scores + top-k + index combine + paged attention) captured in a
+// CUDA Graph: replays equal eager execution bit for bit as sequences grow past their capture
+// lengths, across the short-context (n_c <= K) to long-context transition; the logits stride sized
+// at capture time is refused at replay.
+#include <catch2/catch.hpp>
+
+#include <graphsafe/graphsafe.hpp>
+#include <graphsafe/ds4/decode_step.hpp>
+#include <graphsafe/ds4/device_problem.hpp>
+#include <graphsafe/ds4/indexer_kernels.hpp>
+#include <graphsafe/ds4/indexer_step.hpp>
+#include <graphsafe/ds4/reference.hpp>
+
+#include "ds4_test_support.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+using namespace graphsafe;
+using namespace graphsafe::ds4;
+
+namespace {
+
+constexpr int kMaxLen = 512;
+using test::Device;
+
+template <class T>
+std::vector<T> to_host(const void* d, std::size_t n, cudaStream_t s) {
+  std::vector<T> h(n);
+  GRAPHSAFE_CUDA(cudaMemcpyAsync(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
+  return h;
+}
+template <class T>
+cuda::DeviceBytes to_device(const std::vector<T>& h) {
+  cuda::DeviceBytes d = cuda::device_alloc(std::max<std::size_t>(16, h.size() * sizeof(T)));
+  GRAPHSAFE_CUDA(cudaMemcpy(d.get(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// K = 8 keeps the short-context path (n_c <= 8, lengths < 36) and the scored path in one tiny problem.
+LayerConfig c4() { return test::tiny_layer(4, kMaxLen); }
+
+}  // namespace
+
+TEST_CASE("indexer_compress_insert writes the reference's rows within one fp8 step", "[ds4][indexer]") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int tokens = 64, rows = tokens / 4;
+  std::vector<float> kv(tokens * 256), score(tokens * 256), norm(128);
+  for (float& v : kv) v = nd(rng) * 2.f;
+  for (float& v : score) v = nd(rng);
+  for (float& v : norm) v = 0.5f + std::fabs(nd(rng));
+  IndexerCache host;
+  host.num_blocks = 1;
+  std::vector<std::uint8_t> want(host.stride, 0);
+  host.base = want.data();
+  std::vector<std::int64_t> base(rows, 0);
+  std::vector<std::int32_t> row_index(rows), slots(rows);
+  std::vector<float> x(128);
+  for (int j = 0; j < rows; ++j) {
+    row_index[j] = j;
+    slots[j] = (j * 7) % 64;
+    ref::indexer_compress_row(j, kv.data(), score.data(), norm.data(), 10000.f, 1e-6f, x.data());
+    ref::indexer_insert(host, slots[j], x.data());
+  }
+  slots[3] = -1;  // skipped: its bytes stay zero
+  const auto dkv = to_device(kv), dscore = to_device(score), dnorm = to_device(norm), dbase = to_device(base),
+             drow = to_device(row_index), dslots = to_device(slots);
+  auto dcache = cuda::device_alloc(host.stride);
+  GRAPHSAFE_CUDA(cudaMemset(dcache.get(), 0, host.stride));
+  IndexerCache dc = host;
+  dc.base = dcache.get();
+  cuda::indexer_compress_insert(reinterpret_cast<const float*>(dkv.get()), reinterpret_cast<const float*>(dscore.get()),
+                                reinterpret_cast<const std::int64_t*>(dbase.get()),
+                                reinterpret_cast<const std::int32_t*>(drow.get()),
+                                reinterpret_cast<const std::int32_t*>(dslots.get()), rows,
+                                reinterpret_cast<const float*>(dnorm.get()), 10000.f, 1e-6f, dc, nullptr);
+  const auto got = to_host<std::uint8_t>(dcache.get(), host.stride, nullptr);
+  int differing = 0;
+  for (int j = 0; j < rows; ++j) {
+    const int t = (j * 7) % 64;
+    float ws = 0, gs = 0;
+    std::memcpy(&ws, want.data() + 64 * 128 + t * 4, 4);
+    std::memcpy(&gs, got.data() + 64 * 128 + t * 4, 4);
+    if (j == 3) {
+      CHECK(gs == 0.f);
+      continue;
+    }
+    CHECK(gs == Approx(ws).epsilon(1e-5));
+    for (int d = 0; d < 128; ++d) {
+      const std::uint8_t a = want[t * 128 + d], b = got[t * 128 + d];
+      if (a == b) continue;
+      ++differing;  // the RMSNorm sum's order differs: a value may round to the neighbouring code
+      CHECK(std::abs(int(a & 0x7F) - int(b & 0x7F)) <= 1);
+      CHECK((a & 0x80) == (b & 0x80));
+    }
+  }
+  CHECK(differing <= rows * 128 / 50);
+}
+
+TEST_CASE("indexer scores equal the reference and top-k selects as the reference on the same scores",
+          "[ds4][indexer][topk]") {
+  Device dev;
+  const LayerConfig cfg = c4();
+  // Zero, tiny (n_c = 0), short context (n_c < K, = K), long context, capacity.
+  const std::vector<std::int32_t> lens = {0, 3, 17, 32, 36, 255, 400, 512};
+  DecodeProblem p = make_problem(cfg, lens, 11, Picks::random, kMaxLen);
+  const int B = p.batch, K = cfg.topk;
+  const ref::IndexerInputs in = ref::make_indexer_inputs(p, 21, /*tie_every=*/5);
+  auto d = cuda::upload(p);
+  auto di = cuda::upload(in);
+  const std::int64_t N = cfg.compressed_capacity();
+  const std::size_t items = static_cast<std::size_t>(B) * N;
+  auto logits = cuda::device_alloc(items * 4), topk = cuda::device_alloc(static_cast<std::size_t>(B) * K * 4);
+  GRAPHSAFE_CUDA(cudaMemset(logits.get(), 0xFF, items * 4));  // NaN: rows the kernel must not write stay NaN
+
+  cuda::IndexerScoreArgs sa;
+  sa.batch = B; sa.N = N; sa.seq_lens = d.seq_lens; sa.q = di.q; sa.weights = di.weights; sa.cache = di.cache;
+  sa.block_table = d.cmp_block_table; sa.blocks_per_req = d.cmp_blocks_per_req;
+  sa.logits = reinterpret_cast<float*>(logits.get());
+  cuda::indexer_score(sa, dev.s);
+  cuda::IndexerTopkArgs ta;
+  ta.batch = B; ta.N = N; ta.k = K; ta.seq_lens = d.seq_lens; ta.logits = sa.logits;
+  ta.topk_local = reinterpret_cast<std::int32_t*>(topk.get());
+  cuda::indexer_topk(ta, dev.s);
+
+  const auto gl = to_host<float>(logits.get(), items, dev.s);
+  const auto gt = to_host<std::int32_t>(topk.get(), static_cast<std::size_t>(B) * K, dev.s);
+  std::vector<float> q(kIndexerHeads * kIndexerDim);
+  int ties = 0;
+  for (int b = 0; b < B; ++b) {
+    INFO("request " << b << " seq_len " << lens[b]);
+    const int n_c = lens[b] / 4;
+    for (std::size_t i = 0; i < q.size(); ++i) q[i] = ref::fp8_e4m3_to_float(in.q[b * q.size() + i]);
+    const auto want = ref::indexer_scores(in.cache, p.cmp_block_table.data() + b * p.cmp_blocks_per_req, n_c,
+                                          q.data(), in.weights.data() + b * kIndexerHeads);
+    double scale = 0;
+    for (float v : want) scale = std::max(scale, double(std::fabs(v)));
+    for (int s = 0; s < n_c; ++s) {
+      CHECK(std::fabs(gl[b * N + s] - want[s]) <= 1e-5 * scale + 1e-6);
+      ties += s > 0 && gl[b * N + s] == gl[b * N + s - 1];
+    }
+    for (std::int64_t s = n_c; s < N; ++s) CHECK(std::isnan(gl[b * N + s]));
+    // Selection: the reference rule applied to the GPU's own scores, bit for bit.
+    const auto sel = ref::indexer_topk(gl.data() + b * N, n_c, K);
+    CHECK(std::vector<std::int32_t>(gt.begin() + b * K, gt.begin() + (b + 1) * K) == sel);
+  }
+  CHECK(ties > 0);  // the tie-break was exercised
+}
+
+TEST_CASE("DS4 C4 step with the indexer: replay equals eager bit for bit as sequences grow", "[ds4][indexer][graph]") {
+  Device dev;
+  CudaBackend backend;
+  Arena arena(backend);
+  arena.reserve(64ull << 20, dev.s);
+  const LayerConfig cfg = c4();
+  const Ds4Symbols syms(cfg);
+  // Captured at short context (n_c <= K for both), replayed through the transition to long context.
+  DecodeProblem p = make_problem(cfg, {3, 5}, 7, Picks::random, kMaxLen);
+  const ref::IndexerInputs in = ref::make_indexer_inputs(p, 8, /*tie_every=*/7);
+  auto d = cuda::upload(p);
+  auto di = cuda::upload(in);
+  IndexerDecode ix(arena, cfg, syms, Sizing::safe);
+  PagedDecode attn(arena, cfg, syms);
+  const std::size_t n_out = std::size_t(2) * cfg.heads * kHeadDim;
+  auto out_graph = cuda::device_alloc(n_out * 2), out_eager = cuda::device_alloc(n_out * 2);
+  auto* og = reinterpret_cast<std::uint16_t*>(out_graph.get());
+  auto* oe = reinterpret_cast<std::uint16_t*>(out_eager.get());
+  auto step = [&](const Bindings& b, std::uint16_t* out) {
+    ix.run(dev.s, d, di, b, d.topk_local);
+    attn.run(dev.s, d, b, out);
+  };
+  Bindings b = syms.bind(2, cfg, p.seq_lens);
+  auto graph = capture(arena, dev.s, b, [&](const Bindings& bb) { step(bb, og); });
+  CHECK(graph.plan().findings().empty());
+  for (std::vector<std::int32_t> lens : {std::vector<std::int32_t>{3, 5}, {15, 33}, {36, 40}, {255, 257}, {511, 512}}) {
+    INFO("lengths " << lens[0] << "," << lens[1]);
+    grow(p, lens, 1, Picks::random);
+    cuda::upload_lengths(d, p, dev.s);  // also overwrites d.topk_local with random picks: the step must replace them
+    b = syms.bind(2, cfg, lens);
+    GRAPHSAFE_CUDA(cudaMemsetAsync(og, 0xFF, n_out * 2, dev.s));
+    graph.replay(b, dev.s);
+    const auto top_graph = to_host<std::int32_t>(d.topk_local, 2 * cfg.topk, dev.s);
+    step(b, oe);
+    const auto top_eager = to_host<std::int32_t>(d.topk_local, 2 * cfg.topk, dev.s);
+    CHECK(top_graph == top_eager);
+    CHECK(top_graph == ref::indexer_topk_all(p, in));
+    const auto hg = to_host<std::uint16_t>(og, n_out, dev.s), he = to_host<std::uint16_t>(oe, n_out, dev.s);
+    CHECK(std::memcmp(hg.data(), he.data(), n_out * 2) == 0);
+    // And the attention over the indexer's picks matches the CPU reference.
+    std::copy(top_eager.begin(), top_eager.end(), p.topk_local.begin());
+    std::vector<float> r(n_out);
+    ref::sparse_attention(p, r.data());
+    CHECK(test::rel_error(hg, r) < test::kTolerance);
+  }
+}
+
+TEST_CASE("DS4 indexer: a logits stride sized at capture time is reported and the grown replay refused",
+          "[ds4][indexer][graph]") {
+  Device dev;
+  CudaBackend backend;
+  Arena arena(backend, ArenaOptions{.report_findings = false});
+  arena.reserve(16ull << 20, dev.s);
+  const LayerConfig cfg = c4();
+  const Ds4Symbols syms(cfg);
+  DecodeProblem p = make_problem(cfg, {40, 44}, 3, Picks::random, kMaxLen);
+  const ref::IndexerInputs in = ref::make_indexer_inputs(p, 4);
+  auto d = cuda::upload(p);
+  auto di = cuda::upload(in);
+  IndexerDecode ix(arena, cfg, syms, Sizing::exact);
+  Bindings b = syms.bind(2, cfg, p.seq_lens);
+  IndexerSizes z;
+  auto graph = capture(arena, dev.s, b, [&](const Bindings& bb) { z = ix.run(dev.s, d, di, bb, d.topk_local); });
+  CHECK(z.N == 11);  // max(40 / 4, 44 / 4)
+  CHECK_FALSE(graph.plan().findings().empty());
+  CHECK_NOTHROW(graph.replay(b, dev.s));  // same lengths: fits
+  const Bindings grown = syms.bind(2, cfg, {100, 44});
+  CHECK_THROWS_AS(graph.replay(grown, dev.s), guard_failure);
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(dev.s));
+}
