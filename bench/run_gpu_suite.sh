@@ -66,9 +66,14 @@ else
 fi
 # Header-only build dependencies, unpacked from .deps/ when the machine lacks them (no network there).
 DEPS_PREFIX=""
-for deb in .deps/nlohmann-json3-dev_*.deb .deps/libcli11-dev_*.deb; do
+for deb in .deps/nlohmann-json3-dev_*.deb .deps/libcli11-dev_*.deb .deps/libboost-stacktrace*.deb; do
   [ -f "$deb" ] && dpkg -x "$deb" /tmp/gsdeps && DEPS_PREFIX=/tmp/gsdeps/usr
 done
+# Boost.Stacktrace's backend for graphsafe_cupti's call sites, when it came from .deps/.
+STACKTRACE_DIR=$(ls -d /tmp/gsdeps/usr/lib/*/cmake/boost_stacktrace_backtrace-* 2>/dev/null | head -n 1)
+if [ -n "$STACKTRACE_DIR" ]; then
+  export LD_LIBRARY_PATH="$(dirname "$(dirname "$STACKTRACE_DIR")")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 
 # ---- configure + build ------------------------------------------------------------------------------
 banner "configure ($GEN) + build -j$JOBS"
@@ -76,11 +81,16 @@ configure() {
   cmake -S . -B "$BUILD_DIR" -G "$GEN" \
     -DCatch2_DIR=/tmp/c2/usr/lib/cmake/Catch2 \
     ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} \
+    ${STACKTRACE_DIR:+-Dboost_stacktrace_backtrace_DIR=$STACKTRACE_DIR} \
     -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo "$CUDA_HOME/bin/nvcc")" >"$OUT/configure.log" 2>&1
 }
-if ! configure; then
+# A run without the build stage reuses the configured build directory as it is.
+if ! stage build && [ -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  : >"$OUT/configure.log"
+  true
+elif ! configure; then
   echo "configure failed once; wiping $BUILD_DIR (stale cache?) and retrying"
   rm -rf "$BUILD_DIR"
   configure

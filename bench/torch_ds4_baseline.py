@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Straightforward PyTorch baseline for DS4 sparse decode attention (SPEC.md 2.5, 7.1), on the GPU.
+"""Straightforward PyTorch baseline for DS4 sparse decode attention (docs/ds4_model.md §2.5, §7.1), on the GPU.
 
 Same shapes and lengths as bench/ds4_attention_bench.cu: B = 64, H = 64, K = 512, W = 128,
 max_model_len = 65536, context lengths from the same LCG, `--layers` layers with distinct fp8_ds_mla

@@ -1,4 +1,4 @@
-// DS4 sparse decode attention with per-head sinks (SPEC.md 2.5, 7.1): the host entry points.
+// DS4 sparse decode attention with per-head sinks (docs/ds4_model.md §2.5, §7.1): the host entry points.
 //
 // Algorithm. For request b and head h with query q (512 dims) and the request's attended rows K
 // (its compressed entries, then its sliding-window tokens; V = K, all 512 dims):

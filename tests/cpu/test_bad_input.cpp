@@ -1,4 +1,4 @@
-// Bad input, table-driven (issue 7): every public entry point of the core called with invalid
+// Bad input, table-driven: every public entry point of the core called with invalid
 // arguments -- zero, negative and huge sizes, values above capacity, unbound symbols, the wrong
 // stream or capture state, double release, foreign pointers, replay of a destroyed graph -- and, when
 // the DS4 reference is built, indices out of range in the DS4 inputs. Each row names the error type

@@ -1,4 +1,4 @@
-// Concurrency on the host backend (issue 7); CI also runs this file under ThreadSanitizer
+// Concurrency on the host backend; CI also runs this file under ThreadSanitizer
 // (CTest label `concurrency`, scripts/sanitize.sh).
 //
 //   * threads allocating eagerly on their own streams while another thread captures, replays and

@@ -1,4 +1,4 @@
-// Soak and out-of-memory on the host backend (issue 7).
+// Soak and out-of-memory on the host backend.
 //
 //   * 10^6 random operations (eager requests and releases on 4 streams, raw allocate/deallocate,
 //     captures of 3 families, replays, graph destruction, reserve, trim); at the end everything is

@@ -4,7 +4,7 @@
 // compressor is compared byte-wise with at most 1% of bytes differing and a relative L2 error of the
 // dequantized rows <= 1e-2 (its RMSNorm sum is a tree reduction). Attention (bf16 tensor-core MMAs,
 // bf16 P, fp32 accumulation) is compared with the fp32 reference per (request, head) output row:
-// ||gpu - ref||_2 / ||ref||_2 <= 1e-2 (SPEC.md 7.3), and exactly 0 where the reference is 0
+// ||gpu - ref||_2 / ||ref||_2 <= 1e-2 (docs/ds4_model.md §7.3), and exactly 0 where the reference is 0
 // (no rows). Paged-direct vs gather path and repeated runs are compared bitwise.
 #include <catch2/catch.hpp>
 
@@ -433,7 +433,7 @@ TEST_CASE("ragged layout: combine_gather / gather_workspace equal the reference 
 }
 
 TEST_CASE("gather_workspace reproduces the seed's overwrite when N is undersized", "[ds4][gather][seed]") {
-  // SPEC.md 4.3 worked example: W = 4, capture at [3,5] -> N = 1, M = 5; replay at [15,17].
+  // docs/ds4_model.md §4.3 worked example: W = 4, capture at [3,5] -> N = 1, M = 5; replay at [15,17].
   ds4::LayerConfig cfg;
   cfg.ratio = 4; cfg.window = 4; cfg.topk = 8; cfg.heads = 64; cfg.max_model_len = 512; cfg.swa_block_tokens = 16;
   const auto p = ds4::make_problem(cfg, {15, 17}, 5, ds4::Picks::last8);

@@ -1,4 +1,4 @@
-// Reliability on a real GPU (issue 7):
+// Reliability on a real GPU:
 //
 //   * concurrency: threads allocating eagerly on their own streams while another thread captures,
 //     replays and destroys graphs -- global and thread-local capture modes -- and two captures on

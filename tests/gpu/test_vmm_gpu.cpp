@@ -5,7 +5,7 @@
 //    prefix footprint; strided: per-request ranges) and paged path, capture at [3,5], replay growing
 //    to capacity: replay == eager bit for bit, and within the bf16 tolerance of the CPU reference;
 //  - max_model_len 64K: device memory in use (cudaMemGetInfo) grows with the lengths instead of
-//    jumping to the capacity bound at capture, and (ragged layout) the committed bytes meet issue 5's
+//    jumping to the capacity bound at capture, and (ragged layout) the committed bytes meet the
 //    target at every step: <= 1.10 x exact need + one granule per workspace;
 //  - exact-at-capture sizing: the guard still refuses before anything is mapped or launched;
 //  - debug mode (canaries checked after every replay) and NVTX registration together with virtual
@@ -139,7 +139,7 @@ TEST_CASE("VMM: device memory grows with the lengths, not to the capacity bound 
     auto out_eager = cuda::device_alloc(n_out * 2);
     auto* og = reinterpret_cast<std::uint16_t*>(out_graph.get());
     auto* oe = reinterpret_cast<std::uint16_t*>(out_eager.get());
-    // Issue 5's target (docs/virtual_growth.md, "The target"): committed <= 1.10 x exact need + one
+    // The target of docs/virtual_growth.md: committed <= 1.10 x exact need + one
     // granule per workspace. The step's workspaces are its four requests (kv, combined indices,
     // combined lengths, split-K scratch); a request of 0 bytes (the scratch when one split suffices)
     // can hold no granule, so it gets no allowance.

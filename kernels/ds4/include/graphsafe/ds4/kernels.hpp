@@ -20,7 +20,7 @@
 namespace graphsafe::ds4::cuda {
 
 // ------------------------------------------------------------------------------------------------
-// quantize_insert.cu: rows [n, 512] -> fp8_ds_mla bytes at `slots[i]` of a paged cache (SPEC 3.1).
+// quantize_insert.cu: rows [n, 512] -> fp8_ds_mla bytes at `slots[i]` of a paged cache (docs/ds4_model.md §3.1).
 // Bit-identical to ref::quantize_insert. slots[i] < 0 skips row i. `cache.base` is a device pointer.
 void quantize_insert_bf16(const std::uint16_t* rows_bf16, const std::int32_t* slots, int n,
                           PagedCache cache, cudaStream_t stream);
@@ -28,7 +28,7 @@ void quantize_insert_f32(const float* rows, const std::int32_t* slots, int n, Pa
                          cudaStream_t stream);
 
 // ------------------------------------------------------------------------------------------------
-// compress.cu: the compressor's pooling + RMSNorm + rope + quantize for `n` output rows (SPEC 2.2),
+// compress.cu: the compressor's pooling + RMSNorm + rope + quantize for `n` output rows (docs/ds4_model.md §2.2),
 // twin of ref::compress_row + ref::compress_finalize + ref::quantize_insert.
 // Token state: kv_state[t, c*512] and score_state[t, c*512] fp32 (c = 2 for ratio 4, 1 for ratio
 // 128; score already includes ape). Output row i is compressed row j = row_index[i] of a request
@@ -69,7 +69,7 @@ struct PagedIndexArgs {
 };
 void combine_paged(const PagedIndexArgs& a, cudaStream_t stream);
 
-// (b) gather-path combined local indices (SPEC 4.2 step 8, q_len = 1) into the gather workspace,
+// (b) gather-path combined local indices (docs/ds4_model.md §4.2 step 8, q_len = 1) into the gather workspace,
 // in either of its two layouts (see gather_workspace below; `ragged` picks one, as in GatherArgs):
 //   strided: idx[b, i] = b*M + c_i for the first topk_len compressed ids (C4: topk_local, C128: 0..),
 //            then b*M + N + j for j < swa_len;
@@ -96,7 +96,7 @@ struct GatherIndexArgs {
 void combine_gather(const GatherIndexArgs& a, cudaStream_t stream);
 
 // ------------------------------------------------------------------------------------------------
-// gather_workspace.cu: dequantize into the bf16 workspace ws [B*M, 512] (SPEC 4.2 steps 5-6). With
+// gather_workspace.cu: dequantize into the bf16 workspace ws [B*M, 512] (docs/ds4_model.md §4.2 steps 5-6). With
 // n_c(b) = L_b / ratio (ratio > 1, else 0; ALL of them, also for C4), swa_len(b) = min(L_b, W) and
 // L_b = max(seq_lens[b], 0), two layouts of the same rows in the same order:
 //  * strided (ragged = false; the seed's layout, [B, M, 512]): request b owns rows [b*M, b*M + M):
@@ -136,7 +136,7 @@ struct GatherArgs {
 void gather_workspace(const GatherArgs& a, cudaStream_t stream);
 
 // ------------------------------------------------------------------------------------------------
-// sparse_attention.cu: sink attention (SPEC 2.5) with tensor cores (mma.sync bf16, fp32 accumulate),
+// sparse_attention.cu: sink attention (docs/ds4_model.md §2.5) with tensor cores (mma.sync bf16, fp32 accumulate),
 // online softmax, split over the attended rows (flash-decoding) plus a combine step.
 // q [B, H, 512] bf16, sink [H] fp32 (null = no sink), out [B, H, 512] bf16. H in {64, 128}.
 // Rows of request b, in order: the compressed list then the SWA list (paged) / the combined list

@@ -20,7 +20,7 @@ struct DecodeProblem {
   int batch = 0;                            // B requests, one query token each
   std::vector<int32_t> seq_lens;            // [B], 0 = invalid/padded token (zero output)
   int fill_to = 0;                          // tokens per request whose cache rows exist (grow() limit)
-  // SWA cache: every token of every request (full history kept for simplicity, SPEC.md 7.2).
+  // SWA cache: every token of every request (full history kept for simplicity, docs/ds4_model.md §7.2).
   std::vector<uint8_t> swa_cache;           // num_blocks * block_stride_bytes(swa_block_tokens)
   int swa_num_blocks = 0;
   int swa_blocks_per_req = 0;               // ceil(max_model_len / swa_block_tokens)
@@ -48,7 +48,7 @@ struct DecodeProblem {
 // Details (reference/problem.cpp): only the blocks needed for fill_to tokens are allocated, block
 // table entries past them are -1; Picks::last8 = the last min(n_c, K) ids ascending (K = 8 in the
 // fork's test, so it equals "last min(n_c, 8)"; with K != 8 the first min(n_c, K) entries must still
-// be valid, SPEC.md 2.3); Picks::random = [0..n_c-1] when n_c <= K (vLLM's short-context path), else
+// be valid, docs/ds4_model.md §2.3); Picks::random = [0..n_c-1] when n_c <= K (vLLM's short-context path), else
 // K distinct random ids in random order. Picks depend only on (cfg, seq_lens, seed), so
 // grow(p, lens, seed) reproduces make_problem(cfg, lens, seed)'s picks. Values ~N(0,1) come from a
 // 65536-entry quantile table driven by std::mt19937_64 (one stream per request), so the problem is

@@ -19,7 +19,7 @@ namespace graphsafe::ds4::cuda::detail {
 // slots = num_blocks * block_tokens and shift = log2(block_tokens) (-1 if not a power of two) are
 // precomputed on the host (view_of): a 32-bit division by a runtime value is ~20 instructions, and
 // every DS4 block size (64 SWA tokens, 64 / 2 compressed entries) is a power of two. (On the H200
-// the attention producer's per-row division measured no different from the shift, session 7: the
+// the attention producer's per-row division measured no different from the shift: the
 // producer is no longer the tile loop's limit.)
 struct CacheView {
   const std::uint8_t* base;
