@@ -284,7 +284,7 @@ void ArenaCore::release_captured(std::uint64_t serial, void* stream) noexcept {
 void ArenaCore::capture_planned(SessionState& st) {
   std::lock_guard g(st.planner_mutex);
   const CapturePlanner& p = st.planner;
-  st.plan.set_peak_live_bytes(st.virt ? align_up(st.bump, kAlignment) : p.peak_live());
+  st.plan.set_peak_live_bytes(st.virt ? align_up(st.bump, kAlignment) : p.clique_bound());
   const auto& blocks = p.blocks();
   for (const PlannedBlock& b : blocks) {
     PlanEntry& e = st.plan.entry(b.entry);

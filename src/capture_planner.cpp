@@ -28,6 +28,17 @@ std::uint64_t best_fit(std::vector<std::pair<std::uint64_t, std::uint64_t>> take
   return best_gap != std::numeric_limits<std::uint64_t>::max() ? best : cur;
 }
 
+std::uint64_t first_fit_offset(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes) {
+  std::sort(taken.begin(), taken.end());
+  std::uint64_t cur = 0;
+  for (auto [off, size] : taken) {
+    if (size == 0) continue;
+    if (off > cur && off - cur >= bytes) return cur;
+    cur = std::max(cur, off + size);
+  }
+  return cur;
+}
+
 bool CapturePlanner::conflict(std::uint32_t a, std::uint32_t b) const {
   if (a > b) std::swap(a, b);
   const auto& ob = blocks_[b].ordered_before;
@@ -157,41 +168,104 @@ PackedLayout CapturePlanner::layout() const {
   return l;
 }
 
+std::uint64_t CapturePlanner::clique_bound() const {
+  // Max weight clique of the conflict graph (any placement gives its members disjoint bytes):
+  // branch and bound per last member c over the earlier blocks conflicting with c, with a step
+  // budget; the greedy clique recorded at each request is the floor.
+  const auto n = static_cast<std::uint32_t>(blocks_.size());
+  std::uint64_t best = peak_;
+  std::uint64_t budget = 2'000'000;
+  for (std::uint32_t c = 0; c < n && budget; ++c) {
+    std::vector<std::uint32_t> cand;
+    std::uint64_t total = blocks_[c].bytes;
+    for (std::uint32_t j = 0; j < c; ++j)
+      if (conflict(j, c) && blocks_[j].bytes) {
+        cand.push_back(j);
+        total += blocks_[j].bytes;
+      }
+    if (total <= best) continue;
+    std::sort(cand.begin(), cand.end(), [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
+    std::function<void(std::size_t, std::uint64_t, std::uint64_t, std::vector<std::uint32_t>&)> grow =
+        [&](std::size_t from, std::uint64_t weight, std::uint64_t rest, std::vector<std::uint32_t>& chosen) {
+          best = std::max(best, weight);
+          for (std::size_t k = from; k < cand.size() && budget; ++k, --budget) {
+            if (weight + rest <= best) return;
+            const std::uint32_t v = cand[k];
+            rest -= blocks_[v].bytes;
+            if (std::all_of(chosen.begin(), chosen.end(), [&](std::uint32_t m) { return conflict(v, m); })) {
+              chosen.push_back(v);
+              grow(k + 1, weight + blocks_[v].bytes, rest, chosen);
+              chosen.pop_back();
+            }
+          }
+        };
+    std::vector<std::uint32_t> chosen;
+    grow(0, blocks_[c].bytes, total - blocks_[c].bytes, chosen);
+  }
+  return best;
+}
+
 PackedLayout CapturePlanner::pack() const {
   const auto n = static_cast<std::uint32_t>(blocks_.size());
-  std::vector<std::uint32_t> degree(n, 0);
+  std::vector<std::vector<std::uint32_t>> adj(n);
   for (std::uint32_t i = 0; i < n; ++i)
     for (std::uint32_t j = i + 1; j < n; ++j)
       if (conflict(i, j)) {
-        ++degree[i];
-        ++degree[j];
+        adj[i].push_back(j);
+        adj[j].push_back(i);
       }
-  auto place = [&](std::vector<std::uint32_t> order) {
+  auto place = [&](const std::vector<std::uint32_t>& order, bool first_fit) {
     PackedLayout l;
     l.bytes.resize(n);
     l.offsets.resize(n);
     std::vector<char> placed(n, 0);
     for (std::uint32_t i : order) {
       std::vector<std::pair<std::uint64_t, std::uint64_t>> taken;
-      for (std::uint32_t j = 0; j < n; ++j)
-        if (placed[j] && conflict(i, j)) taken.emplace_back(l.offsets[j], blocks_[j].bytes);
-      l.offsets[i] = best_fit(std::move(taken), blocks_[i].bytes);
+      for (std::uint32_t j : adj[i])
+        if (placed[j]) taken.emplace_back(l.offsets[j], blocks_[j].bytes);
+      l.offsets[i] = first_fit ? first_fit_offset(std::move(taken), blocks_[i].bytes) : best_fit(std::move(taken), blocks_[i].bytes);
       l.bytes[i] = blocks_[i].bytes;
       l.region = std::max(l.region, l.offsets[i] + blocks_[i].bytes);
       placed[i] = 1;
     }
     return l;
   };
+  // Orders tried (XLA's heap simulator tries several too): decreasing size, decreasing size x
+  // conflicts, then seeded perturbations of the best; each with best fit and first fit.
   std::vector<std::uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
   std::stable_sort(order.begin(), order.end(),
                    [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
-  PackedLayout by_size = place(order);
+  PackedLayout best = place(order, false);
+  std::vector<std::uint32_t> best_order = order;
+  auto consider = [&](const std::vector<std::uint32_t>& o) {
+    for (bool ff : {false, true}) {
+      PackedLayout l = place(o, ff);
+      if (l.region < best.region) {
+        best = std::move(l);
+        best_order = o;
+      }
+    }
+  };
+  consider(order);
   std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
-    return blocks_[a].bytes * (degree[a] + 1) > blocks_[b].bytes * (degree[b] + 1);
+    return blocks_[a].bytes * (adj[a].size() + 1) > blocks_[b].bytes * (adj[b].size() + 1);
   });
-  PackedLayout by_weight = place(order);
-  return by_weight.region < by_size.region ? by_weight : by_size;
+  consider(order);
+  const std::uint64_t floor = clique_bound();
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;  // fixed seed: the same lifetimes give the same layout
+  const int rounds = n <= 512 ? 48 : 4;
+  for (int r = 0; r < rounds && best.region > floor; ++r) {
+    std::vector<std::uint32_t> o = best_order;
+    for (int k = 0; k < 1 + static_cast<int>(n / 16); ++k) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      if (n > 1) std::swap(o[x % n], o[(x >> 32) % n]);
+    }
+    consider(o);
+  }
+  return best;
 }
 
 PackedLayout CapturePlanner::best() const {

@@ -77,7 +77,10 @@ class CapturePlanner {
   void release(PlannedBlock& b, void* stream, std::vector<const void*> position, bool known);
 
   std::uint64_t region() const { return region_; }
+  // Lower bound: the greedy cliques recorded at each request (peak live bytes in capture order).
   std::uint64_t peak_live() const { return peak_; }
+  // A tighter lower bound: the heaviest clique of the conflict graph found by a bounded search.
+  std::uint64_t clique_bound() const;
   const std::vector<PlannedBlock>& blocks() const { return blocks_; }
 
   // Layouts of earlier captures of this function: followed while their block sizes match.
@@ -104,5 +107,7 @@ class CapturePlanner {
 // Best fit among `taken` ranges (offset, bytes): the smallest gap that holds `bytes`, else the end
 // of the highest range.
 std::uint64_t best_fit(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes);
+// The lowest gap that holds `bytes`.
+std::uint64_t first_fit_offset(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes);
 
 }  // namespace graphsafe::detail

@@ -95,7 +95,7 @@ CaptureEstimate finish_estimate(SessionState& st) {
     std::lock_guard g(st.planner_mutex);
     // A family's next capture follows the best layout (same sizes); a graph of its own places greedily.
     e.region_bytes = align_up(st.opts.family ? st.planner.best().region : st.planner.region(), kAlignment);
-    e.peak_live_bytes = st.planner.peak_live();
+    e.peak_live_bytes = st.planner.clique_bound();
   }
   e.requests = st.plan.entries().size();
   return e;

@@ -44,6 +44,11 @@ struct HostCapture {
 };
 }  // namespace detail
 
+HostStream::~HostStream() {
+  if (capture_ && capture_->origin != this) std::erase(capture_->joined, this);
+  if (capture_ && capture_->origin == this) capture_->origin = nullptr;
+}
+
 void HostStream::launch(std::function<void()> work) {
   if (capture_) {
     const std::uint32_t n = capture_->add(std::move(work), std::move(deps_));

@@ -37,6 +37,7 @@ class HostEvent;
 class HostStream {
  public:
   HostStream() = default;
+  ~HostStream();  // a stream that joined a capture leaves it (its captured work stays in the graph)
   HostStream(const HostStream&) = delete;
   HostStream& operator=(const HostStream&) = delete;
 
