@@ -66,7 +66,9 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
     const PlannedBlock& b = blocks_[i];
     if (!b.released)
       live.push_back(i);
-    else if (b.release_stream == stream || ordered(stream, b))
+    else if (b.release_stream == stream ||
+             std::find(b.ordered_streams.begin(), b.ordered_streams.end(), stream) != b.ordered_streams.end() ||
+             ordered(stream, b))
       c.ordered.push_back(i);
     else
       unordered.push_back(i);
@@ -124,6 +126,10 @@ void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, s
   for (std::size_t p = 0; p < proposals_.size(); ++p) {
     const PackedLayout& l = *proposals_[p];
     following_[p] = following_[p] && n < l.bytes.size() && l.bytes[n] == c.bytes && l.offsets[n] == c.offset;
+  }
+  for (std::uint32_t i : c.ordered) {
+    auto& os = blocks_[i].ordered_streams;
+    if (std::find(os.begin(), os.end(), c.stream) == os.end()) os.push_back(c.stream);
   }
   PlannedBlock b;
   b.serial = serial;

@@ -43,6 +43,9 @@ struct PlannedBlock {
   bool position_known = false;
   std::vector<const void*> release_position;  // the releasing stream's capture dependencies at release
   std::vector<std::uint32_t> ordered_before;  // earlier blocks whose release is ordered before this request (sorted)
+  // Streams proven to follow the release: a stream's capture dependencies only move forward, so
+  // the backend is asked once per (released block, stream).
+  std::vector<void*> ordered_streams;
 };
 
 // One offset per block, in request order: a placement a later capture of the same function follows.

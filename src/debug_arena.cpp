@@ -354,8 +354,11 @@ void debug_graph_created(GraphState& g, std::size_t report_mark) {
       ++n;
     }
   }
-  std::fprintf(stderr, "graphsafe debug: capture of %s: %zu request(s), %llu bytes, %zu live guard(s), %zu finding(s)\n%s",
+  std::fprintf(stderr,
+               "graphsafe debug: capture of %s: %zu request(s), %llu bytes (peak live %llu), %zu live guard(s), "
+               "%zu finding(s)\n%s",
                graph_label(g).c_str(), g.plan.entries().size(), static_cast<unsigned long long>(g.plan.bytes()),
+               static_cast<unsigned long long>(g.plan.peak_live_bytes()),
                g.plan.guard_count(), n, body.c_str());
   if (core.nvtx_on) {
     std::lock_guard lk(core.lock);
