@@ -449,7 +449,7 @@ void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
       {
         std::lock_guard g(owner->planner_mutex);
         if (PlannedBlock* b = owner->planner.live_at(addr - owner->base)) {
-          const std::uint64_t held = owner->plan.entries().at(b->entry).bytes;
+          const std::uint64_t held = b->bytes - guard_bytes;  // the range taken, 256-byte aligned
           if (bytes > held)
             throw invalid_argument_error("graphsafe: deallocate of " + std::to_string(bytes) + " bytes but the block at " +
                                          std::to_string(addr) + " holds " + std::to_string(held) +
