@@ -57,7 +57,9 @@ CapturedGraph capture(Arena& arena, Stream s, const Bindings& b, Fn&& fn, Captur
 // requests are sized and placed exactly as a capture places them, at addresses no memory backs,
 // and the capture is discarded. With a family, the placement (the better of the one made and an
 // offline packing over the recorded lifetimes) is kept for the family's later captures, which
-// follow it: capturing the same buckets in the same order gives region_bytes exactly.
+// follow it: capturing the same buckets in the same order gives region_bytes exactly. The
+// placeholder addresses may be kernel arguments; a call that validates a workspace's address at
+// capture time (a memset or memcpy node, on some drivers) may refuse them.
 struct CaptureEstimate {
   std::uint64_t region_bytes = 0;     // the region the captures need (a family: the largest)
   std::uint64_t peak_live_bytes = 0;  // lower bound: workspaces live at once, at most

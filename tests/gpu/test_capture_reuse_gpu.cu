@@ -152,3 +152,21 @@ TEST_CASE("gpu: estimate equals the region of the captures that follow it", "[gp
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s0.s));
   CHECK(bad.download(s0.s, 1)[0] == 0);
 }
+
+// An estimate's workspaces have addresses no memory backs. Kernel arguments may hold them; whether
+// the runtime accepts them in memset nodes at capture time is what this case shows on a GPU.
+TEST_CASE("gpu: estimate of a function that memsets its workspaces", "[gpu][capture_reuse][estimate][!mayfail]") {
+  CudaBackend backend;
+  Arena arena(backend, ArenaOptions{.report_findings = false});
+  StreamHolder s0;
+  Bindings b;
+  auto step = [&](const Bindings& bb) {
+    for (int layer = 0; layer < 4; ++layer) {
+      auto x = arena.request(s0.s, "x", kBytes, 1, capacity_bound, bb);
+      GRAPHSAFE_CUDA(cudaMemsetAsync(x.data(), 0, x.bytes(), s0.s));
+    }
+  };
+  CaptureEstimate est;
+  REQUIRE_NOTHROW(est = estimate(arena, s0.s, b, step));
+  CHECK(est.region_bytes == static_cast<std::uint64_t>(kBytes));
+}
