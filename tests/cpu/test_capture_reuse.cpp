@@ -498,3 +498,34 @@ TEST_CASE("random capture programs on 1-4 streams: overlapping lifetimes never s
   WARN("worst packed region / lower bound over 120 programs: " << worst << ", " << reused << " reused pairs");
   CHECK(reused > 100);  // the programs do exercise reuse
 }
+
+TEST_CASE("debug canaries: a reused range raises no false overwrite, a workspace of its own is still guarded",
+          "[capture_reuse][debug]") {
+  debug::clear_findings();
+  HostBackend backend;
+  Arena arena(backend, ArenaOptions{.report_findings = false, .debug = true, .nvtx = false});
+  HostStream s;
+  arena.reserve(4 * kMiB, s);
+  Bindings b;
+  std::uint64_t overflow = 0;  // bytes the last kernel writes past 'own' (set between replays)
+  auto g = capture(arena, s, b, [&](const Bindings& bb) {
+    auto own = bytes_ws(arena, s, "own", 1024, bb);  // live throughout: nothing shares its range
+    for (int layer = 0; layer < 4; ++layer) {
+      auto w = bytes_ws(arena, s, "layer", 4096 - 64 * layer, bb);  // each layer fills its whole workspace
+      fill(s, w.data(), w.bytes(), static_cast<unsigned char>(layer + 1));
+    }
+    void* p = own.data();
+    s.launch([p, &overflow] { std::memset(p, 0x5a, 1024 + overflow); });
+  });
+  std::size_t shared = 0;
+  for (const auto& e : g.plan().entries()) shared += e.shares_bytes;
+  CHECK(shared == 4);  // the four layers share one range
+  g.replay(b, s);
+  g.replay(b, s);
+  CHECK(debug::check_canaries(g, s).empty());  // layers overwrote each other's range (legitimately): no finding
+  overflow = 16;
+  g.replay(b, s);
+  const auto found = debug::check_canaries(g, s);
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].request == "own");
+}
