@@ -86,6 +86,7 @@ struct Options {
   bool force_host = false;
   std::string json;
   std::string inject;  // "", "unguarded", "flip"
+  std::optional<double> torch_pool_bytes;  // PyTorch's graph pool on this pattern (capture_memory_bench)
   std::string command;
 };
 
@@ -144,6 +145,9 @@ std::optional<Options> parse(int argc, char** argv, int& exit_code) {
                "stop at the first refused replay instead of re-capturing");
   app.add_option("--json", o.json, "write the figures as JSON records to this file");
   app.add_flag("--host", o.force_host, "run on the host backend even with a CUDA device");
+  app.add_option("--torch-pool-bytes", o.torch_pool_bytes,
+                 "PyTorch's graph pool on this pattern (bench/torch_capture_pool.py), shown beside the regions")
+      ->check(CLI::PositiveNumber);
   // Test hook (hidden): make the run fail on purpose, see the header comment.
   auto* inject = app.add_option("--inject-corruption", o.inject)
                      ->expected(0, 1)
@@ -755,6 +759,8 @@ struct PolicyResult {
   std::size_t guards = 0;             // live guards over all buckets' graphs
   std::size_t findings = 0;           // capture findings (plans)
   std::uint64_t region_bytes = 0, sum_plan_bytes = 0, largest_plan_bytes = 0;
+  std::uint64_t peak_live_bytes = 0;  // lower bound on the region (workspaces live at once)
+  std::uint64_t estimate_bytes = 0;   // graphsafe::estimate before any capture
   std::vector<std::uint64_t> plan_bytes;  // per bucket (ascending buckets)
   std::uint64_t recaptures = 0, refusals = 0;
   int checks = 0, failed = 0;
@@ -845,7 +851,17 @@ PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const
 
   // ---- capture: one graph per bucket, largest first, one family --------------------------------
   CaptureFamily family = arena.family("decode");
-  arena.reserve(eng.capture_bytes_upper_bound(nb - 1), s);
+  // What the family will need, before any memory is taken (planning captures: nothing launches).
+  // The captures below follow the placement it found.
+  for (int bi = nb - 1; bi >= 0; --bi) {
+    const int R = sh.buckets[bi];
+    const CaptureEstimate e =
+        estimate(arena, s, syms.bind(R, cfg, trace.bucket_lens(R, R)),
+                 [&eng, bi](const Bindings& bb) { eng.run_layers(bi, bb, true); }, CaptureOptions{.family = family});
+    res.estimate_bytes = std::max(res.estimate_bytes, e.region_bytes);
+  }
+  // Re-captures at larger buckets (the exact policy) may need more than the estimate: keep room.
+  arena.reserve(std::max(res.estimate_bytes, eng.capture_bytes_upper_bound(nb - 1)), s);
   std::vector<std::optional<CapturedGraph>> graphs(nb);
   std::vector<std::optional<Bindings>> last_ok(nb);
   for (int bi = nb - 1; bi >= 0; --bi) {
@@ -872,9 +888,20 @@ PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const
   }
   std::printf("captured %d graphs (buckets", nb);
   for (int R : sh.buckets) std::printf(" %d", R);
-  std::printf(") x %d layers in %.1f ms, one family '%s': region %s (separate regions: %s)\n", sh.layers,
-              res.capture_ms, family.name().c_str(), show_bytes(static_cast<double>(family.region_bytes())).c_str(),
+  std::printf(") x %d layers in %.1f ms, one family '%s': region %s (lower bound %s, estimate %s; separate regions: %s)\n",
+              sh.layers, res.capture_ms, family.name().c_str(), show_bytes(static_cast<double>(family.region_bytes())).c_str(),
+              show_bytes(static_cast<double>(family.peak_live_bytes())).c_str(),
+              show_bytes(static_cast<double>(res.estimate_bytes)).c_str(),
               show_bytes(static_cast<double>(family.sum_of_plan_bytes())).c_str());
+  ++res.checks;
+  if (family.region_bytes() == res.estimate_bytes) {
+    std::printf("  check: the estimate made before capturing equals the region: OK\n");
+  } else {
+    std::printf("  CHECK FAILED: estimate %llu bytes, region %llu bytes\n",
+                static_cast<unsigned long long>(res.estimate_bytes),
+                static_cast<unsigned long long>(family.region_bytes()));
+    ++res.failed;
+  }
   std::size_t guards = 0;
   for (auto& g : graphs) guards += g->plan().guard_count();
   if (!exact) {
@@ -1029,6 +1056,7 @@ PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const
   res.region_bytes = family.region_bytes();
   res.sum_plan_bytes = family.sum_of_plan_bytes();
   res.largest_plan_bytes = family.largest_plan_bytes();
+  res.peak_live_bytes = family.peak_live_bytes();
   if (res.eager_samples) res.eager_ms /= res.eager_samples;
   if (res.graph_samples) res.graph_ms /= res.graph_samples;
   eng.synchronize();
@@ -1038,12 +1066,14 @@ PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const
 
 // ------------------------------------------------------------------------------------------------
 
-void print_summary(const std::vector<PolicyResult>& rs, const Shapes& sh, const std::string& machine) {
+void print_summary(const std::vector<PolicyResult>& rs, const Shapes& sh, const std::string& machine,
+                   std::optional<double> torch_pool_bytes) {
   std::printf("\n=== summary: %d layers, heads %d, batch buckets", sh.layers, sh.heads);
   for (int R : sh.buckets) std::printf(" %d", R);
   std::printf(", max_model_len %d, %d steps, on %s\n", sh.max_model_len, sh.steps, machine.c_str());
-  std::printf("%-13s %-37s %10s %10s %8s %11s %11s %12s %11s %9s %7s\n", "policy", "N / G sizing", "eager ms",
-              "graph ms", "speedup", "guard ns", "region", "sep. regions", "saved", "recapture", "checks");
+  std::printf("%-13s %-37s %10s %10s %8s %11s %11s %11s %11s %12s %11s %9s %7s\n", "policy", "N / G sizing", "eager ms",
+              "graph ms", "speedup", "guard ns", "region", "peak live", "estimate", "sep. regions", "saved", "recapture",
+              "checks");
   for (const auto& r : rs) {
     char sizing[64], guard[32], rec[32], checks[32], speed[16];
     std::snprintf(sizing, sizeof sizing, "%s / %s", r.n_policy.c_str(), r.g_policy.c_str());
@@ -1055,8 +1085,10 @@ void print_summary(const std::vector<PolicyResult>& rs, const Shapes& sh, const 
       std::snprintf(speed, sizeof speed, "%.2fx", r.eager_ms / r.graph_ms);
     else
       std::snprintf(speed, sizeof speed, "-");
-    std::printf("%-13s %-37s %10.3f %10.3f %8s %11s %11s %12s %11s %9s %7s%s\n", r.name.c_str(), sizing, r.eager_ms,
-                r.graph_ms, speed, guard, show_bytes(static_cast<double>(r.region_bytes)).c_str(),
+    std::printf("%-13s %-37s %10.3f %10.3f %8s %11s %11s %11s %11s %12s %11s %9s %7s%s\n", r.name.c_str(), sizing,
+                r.eager_ms, r.graph_ms, speed, guard, show_bytes(static_cast<double>(r.region_bytes)).c_str(),
+                show_bytes(static_cast<double>(r.peak_live_bytes)).c_str(),
+                show_bytes(static_cast<double>(r.estimate_bytes)).c_str(),
                 show_bytes(static_cast<double>(r.sum_plan_bytes)).c_str(),
                 show_bytes(static_cast<double>(r.sum_plan_bytes > r.region_bytes ? r.sum_plan_bytes - r.region_bytes : 0))
                     .c_str(),
@@ -1064,8 +1096,15 @@ void print_summary(const std::vector<PolicyResult>& rs, const Shapes& sh, const 
                 r.stopped ? "  (stopped at the refusal)" : "");
   }
   std::printf("columns: eager/graph ms = mean time of one decode step (all layers); guard ns = plan guard check per\n"
-              "replay (live guards); region = the family's shared workspace region; sep. regions = what one region\n"
-              "per bucket graph would hold; recapture = re-captures / replays whose guards failed; checks = passed / run.\n");
+              "replay (live guards); region = the family's shared workspace region; peak live = its lower bound (bytes\n"
+              "of workspaces live at once); estimate = graphsafe::estimate before capturing; sep. regions = what one\n"
+              "region per bucket graph would hold; recapture = re-captures / replays whose guards failed; checks =\n"
+              "passed / run.\n");
+  if (torch_pool_bytes)
+    for (const auto& r : rs)
+      std::printf("  %s: region %s = %.3fx PyTorch's graph pool on the same pattern (%s, bench/torch_capture_pool.py)\n",
+                  r.name.c_str(), show_bytes(static_cast<double>(r.region_bytes)).c_str(),
+                  static_cast<double>(r.region_bytes) / *torch_pool_bytes, show_bytes(*torch_pool_bytes).c_str());
 }
 
 void write_json(const std::string& path, const std::vector<PolicyResult>& rs, const Shapes& sh, const std::string& machine,
@@ -1097,6 +1136,12 @@ void write_json(const std::string& path, const std::vector<PolicyResult>& rs, co
     rec(p + "family_region_bytes", static_cast<double>(r.region_bytes), "B", sep,
         static_cast<double>(r.sum_plan_bytes));
     rec(sep, static_cast<double>(r.sum_plan_bytes), "B", "", std::nullopt);
+    const std::string peak = p + "region_peak_live_bytes";
+    rec(p + "region_over_peak_live", r.peak_live_bytes ? static_cast<double>(r.region_bytes) / r.peak_live_bytes : 0, "x",
+        "", std::nullopt);
+    rec(peak, static_cast<double>(r.peak_live_bytes), "B", "", std::nullopt);
+    rec(p + "region_estimate_bytes", static_cast<double>(r.estimate_bytes), "B", (p + "family_region_bytes").c_str(),
+        static_cast<double>(r.region_bytes));
     for (std::size_t i = 0; i < r.plan_bytes.size(); ++i)
       rec(p + "plan_bytes_bucket" + std::to_string(sh.buckets[i]), static_cast<double>(r.plan_bytes[i]), "B", "",
           std::nullopt);
@@ -1202,7 +1247,7 @@ int main(int argc, char** argv) {
 
     std::vector<PolicyResult> results;
     for (const auto& p : policies) results.push_back(run_policy(*eng, sh, opt, syms, p));
-    print_summary(results, sh, eng->machine());
+    print_summary(results, sh, eng->machine(), opt.torch_pool_bytes);
     if (!opt.json.empty()) {
       write_json(opt.json, results, sh, eng->machine(), opt.command);
       std::printf("figures written to %s\n", opt.json.c_str());

@@ -242,23 +242,106 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
   return b;
 }
 
+namespace {
+std::atomic<std::uint64_t> next_block_serial{1};
+}  // namespace
+
 std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
-                                          std::string_view name) {
-  std::lock_guard g(lock);
-  std::uint64_t offset = align_up(st.bump, std::max<std::uint64_t>(alignment, kAlignment));
-  if (st.virt) [[unlikely]] offset = virtual_align(st, offset, bytes);  // granule boundaries (virtual_commit.hpp)
-  if (offset + bytes > st.limit)
-    throw out_of_memory_error("graphsafe: capture of family '" + st.family->name + "' needs " +
-                              std::to_string(offset + bytes) + " bytes for request '" + std::string(name) +
-                              "' but only " + std::to_string(st.limit) +
-                              " are free in one range (requests during capture never grow the arena); " +
-                              (st.family->graphs > 0
-                                   ? std::string("the family's region cannot grow past the block after it -- capture "
-                                                 "the family's largest bucket first so its region is sized by it")
-                                   : "call arena.reserve(" + std::to_string(offset + bytes) +
-                                         ", stream) before capturing"));
-  st.bump = offset + bytes;
+                                          std::string_view name, Stream s, std::uint64_t* serial,
+                                          std::string* why_not) {
+  auto too_large = [&](std::uint64_t end) {
+    return out_of_memory_error("graphsafe: capture of family '" + st.family->name + "' needs " + std::to_string(end) +
+                               " bytes for request '" + std::string(name) + "' but only " + std::to_string(st.limit) +
+                               " are free in one range (requests during capture never grow the arena); " +
+                               (st.family->graphs > 0
+                                    ? std::string("the family's region cannot grow past the block after it -- capture "
+                                                  "the family's largest bucket first so its region is sized by it")
+                                    : "call arena.reserve(" + std::to_string(end) + ", stream) before capturing"));
+  };
+  if (st.virt) [[unlikely]] {
+    // Virtual growth keeps one address range per workspace (granule boundaries, virtual_commit.hpp).
+    std::lock_guard g(lock);
+    std::uint64_t offset = align_up(st.bump, std::max<std::uint64_t>(alignment, kAlignment));
+    offset = virtual_align(st, offset, bytes);
+    if (offset + bytes > st.limit) throw too_large(offset + bytes);
+    st.bump = offset + bytes;
+    return offset;
+  }
+  // Every offset and size is a multiple of 256 (alignments above it are refused), so any range a
+  // released block leaves holds any later block that fits its size.
+  const std::uint64_t taken = align_up(bytes, kAlignment);
+  std::lock_guard g(st.planner_mutex);
+  auto ordered = [this](void* stream, const PlannedBlock& b) {
+    return b.position_known &&
+           backend.capture_ordered_after(Stream(static_cast<cudaStream_t>(stream)), b.release_position);
+  };
+  CapturePlanner::Choice c = st.planner.choose(taken, s.handle(), ordered, why_not != nullptr);
+  if (c.offset + bytes > st.limit) throw too_large(c.offset + bytes);
+  const std::uint64_t offset = c.offset;
+  if (why_not) *why_not = std::move(c.why_not);
+  const std::uint64_t id = taken ? next_block_serial.fetch_add(1, std::memory_order_relaxed) : 0;
+  if (serial) *serial = id;
+  if (taken) st.planner.commit(std::move(c), id, st.plan.entries().size(), std::string(name));
+  st.bump = std::max(st.bump, st.planner.region());
   return offset;
+}
+
+void ArenaCore::release_captured(std::uint64_t serial, void* stream) noexcept {
+  if (active_sessions.load(std::memory_order_acquire) == 0) return;  // the graph owns it now
+  try {
+    std::vector<SessionState*> live;
+    {
+      std::lock_guard g(lock);
+      live = sessions;
+    }
+    for (SessionState* st : live) {
+      std::lock_guard g(st->planner_mutex);
+      if (PlannedBlock* b = st->planner.live(serial)) {
+        std::vector<const void*> position;
+        const bool known = backend.capture_dependencies(Stream(static_cast<cudaStream_t>(stream)), position);
+        st->planner.release(*b, stream, std::move(position), known);
+        return;
+      }
+    }
+  } catch (...) {
+    // The range stays reserved for the graph (as it would without reuse): nothing is lost.
+  }
+}
+
+void ArenaCore::capture_planned(SessionState& st) {
+  std::lock_guard g(st.planner_mutex);
+  const CapturePlanner& p = st.planner;
+  st.plan.set_peak_live_bytes(st.virt ? align_up(st.bump, kAlignment) : p.clique_bound());
+  const auto& blocks = p.blocks();
+  for (const PlannedBlock& b : blocks) {
+    PlanEntry& e = st.plan.entry(b.entry);
+    e.stream = b.stream;
+    e.released = b.released;
+  }
+  // Entries whose range (guard included) another entry's range overlaps: debug canaries and NVTX
+  // regions skip them (their bytes legitimately hold another workspace's data during a replay).
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    for (std::size_t j = 0; j < blocks.size(); ++j) {
+      if (i == j) continue;
+      const PlannedBlock& a = blocks[i];
+      const PlannedBlock& o = blocks[j];
+      if (a.offset < o.offset + o.bytes && o.offset < a.offset + a.bytes) {
+        st.plan.entry(a.entry).shares_bytes = true;
+        if (j < i) st.plan.entry(a.entry).reuses = true;
+      }
+    }
+  if (st.virt || blocks.empty()) return;
+  auto best = std::make_shared<const PackedLayout>(p.best());
+  std::lock_guard lk(lock);
+  auto& ls = st.family->layouts;
+  // One layout per sequence of block sizes, the smallest kept.
+  auto same = std::find_if(ls.begin(), ls.end(), [&](const auto& l) { return l->bytes == best->bytes; });
+  if (same == ls.end()) {
+    if (ls.size() >= 16) ls.erase(ls.begin());
+    ls.push_back(std::move(best));
+  } else if (best->region < (*same)->region) {
+    *same = std::move(best);
+  }
 }
 
 void ArenaCore::record(SessionState& st, PlanEntry e, const SizingDecision& d, const Extent* need, const Bindings& b) {
@@ -302,7 +385,10 @@ Workspace ArenaCore::request_captured(SessionState& st, Stream s, std::string_vi
                                       const std::source_location& loc, const Footprint* touched,
                                       const SizingDecision& d, std::uint64_t bytes) {
   // Debug mode: a guard region follows the workspace (guard_bytes is 0 otherwise).
-  const std::uint64_t offset = place_in_capture(st, bytes + guard_bytes, kAlignment, name);
+  std::uint64_t serial = 0;
+  std::string why_not;
+  const std::uint64_t offset =
+      place_in_capture(st, bytes + guard_bytes, kAlignment, name, s, &serial, opts.debug ? &why_not : nullptr);
   // Virtual growth: map the capture-time footprint (and the guard region) behind the range.
   if (st.virt) [[unlikely]] virtual_place(st, offset, bytes, guard_bytes, element_bytes, need, touched, b, name);
   PlanEntry e;
@@ -314,8 +400,11 @@ Workspace ArenaCore::request_captured(SessionState& st, Stream s, std::string_vi
   e.bytes = bytes;
   e.offset = offset;
   e.site = site_of(loc);
+  if (!why_not.empty()) [[unlikely]] debug_reuse_not_proven(st, e, why_not);
   record(st, std::move(e), d, &need, b);
-  return make_workspace(nullptr, reinterpret_cast<void*>(st.base + offset), bytes, d.count, s, true);
+  Workspace w = make_workspace(nullptr, reinterpret_cast<void*>(st.base + offset), bytes, d.count, s, true);
+  w.block_ = reinterpret_cast<void*>(static_cast<std::uintptr_t>(serial));  // the planner's id of its range
+  return w;
 }
 
 std::int64_t ArenaCore::dimension(Stream s, std::string_view name, const Extent& need, const SizingPolicy& policy,
@@ -342,16 +431,17 @@ void* ArenaCore::allocate(Stream s, std::uint64_t bytes, std::uint64_t alignment
   if (bytes > (1ull << 62))
     throw overflow_error("graphsafe: allocate(" + std::to_string(bytes) + " bytes) is larger than any device; check the size");
   if (SessionState* st = session_for(s)) [[unlikely]]
-    return allocate_captured(*st, bytes, alignment, loc);
+    return allocate_captured(*st, s, bytes, alignment, loc);
   Block* blk = take_eager(align_up(std::max<std::uint64_t>(bytes, 1) + guard_bytes, kAlignment), s, true);
   if (opts.debug) [[unlikely]] debug_eager_taken(blk->addr, bytes, "<opaque " + std::to_string(bytes) + " B>", loc, s, true);
   return reinterpret_cast<void*>(blk->addr);
 }
 
-void* ArenaCore::allocate_captured(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
+void* ArenaCore::allocate_captured(SessionState& st, Stream s, std::uint64_t bytes, std::uint64_t alignment,
                                    const std::source_location& loc) {
-  const std::uint64_t offset =
-      place_in_capture(st, std::max<std::uint64_t>(bytes, 1) + guard_bytes, alignment, "<opaque>");
+  std::string why_not;
+  const std::uint64_t offset = place_in_capture(st, std::max<std::uint64_t>(bytes, 1) + guard_bytes, alignment,
+                                                "<opaque>", s, nullptr, opts.debug ? &why_not : nullptr);
   if (st.virt) [[unlikely]] virtual_place_bytes(st, offset, std::max<std::uint64_t>(bytes, 1) + guard_bytes, "<opaque>");
   PlanEntry e;
   e.kind = PlanEntry::Kind::opaque;
@@ -363,6 +453,7 @@ void* ArenaCore::allocate_captured(SessionState& st, std::uint64_t bytes, std::u
   e.replay_safe = true;  // nothing to check: no extent says what it depends on
   e.note = "size_t request: graphsafe cannot tell what this size depends on";
   e.site = site_of(loc);
+  if (!why_not.empty()) [[unlikely]] debug_reuse_not_proven(st, e, why_not);
   if (opts.debug) [[unlikely]] debug_captured_request(st, e);
   st.plan.add(std::move(e));
   return reinterpret_cast<void*>(st.base + offset);
@@ -372,9 +463,30 @@ void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
   if (!p) return;
   const auto addr = reinterpret_cast<std::uintptr_t>(p);
   if (active_sessions.load(std::memory_order_acquire) > 0) {
-    std::lock_guard g(lock);
-    for (SessionState* st : sessions)
-      if (addr >= st->base && addr < st->base + st->limit) return;  // owned by the capture's graph
+    SessionState* owner = nullptr;
+    {
+      std::lock_guard g(lock);
+      for (SessionState* st : sessions)
+        if (addr >= st->base && addr < st->base + st->limit) owner = st;
+    }
+    if (owner) {
+      // Served by this capture: its range may be reused by the capture's later requests. A pointer
+      // of a live graph of the family (or one released already) stays the graph's.
+      std::uint64_t serial = 0;
+      {
+        std::lock_guard g(owner->planner_mutex);
+        if (PlannedBlock* b = owner->planner.live_at(addr - owner->base)) {
+          const std::uint64_t held = b->bytes - guard_bytes;  // the range taken, 256-byte aligned
+          if (bytes > held)
+            throw invalid_argument_error("graphsafe: deallocate of " + std::to_string(bytes) + " bytes but the block at " +
+                                         std::to_string(addr) + " holds " + std::to_string(held) +
+                                         "; pass the size given to allocate()");
+          serial = b->serial;
+        }
+      }
+      if (serial) release_captured(serial, s.handle());
+      return;
+    }
   }
   // Debug mode: check the guard (synchronizes the stream: not under the spin lock). A no-op for a
   // pointer this arena did not serve eagerly; the checks below still refuse it.
@@ -397,7 +509,11 @@ void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
 }
 
 void ArenaCore::release(Workspace& w) noexcept {
-  if (w.captured_ || !w.block_) return;
+  if (w.captured_) [[unlikely]] {
+    if (w.block_) release_captured(reinterpret_cast<std::uintptr_t>(w.block_), w.stream_);
+    return;
+  }
+  if (!w.block_) return;
   auto* b = static_cast<Block*>(w.block_);
   b->stream = w.stream_;  // the block is still this workspace's: nobody else reads it until it is back
   if (opts.debug) [[unlikely]] {
@@ -569,6 +685,7 @@ void ArenaCore::end_session(SessionState& st, bool success) {
     // leaves a capturing family's region alone): nobody holds it now, so it goes back.
     if (f.graphs == 0 && f.region) {
       region_bytes -= f.region->size;
+      region_peak_live -= f.peak_live;
       --families_with_region;
       f.region->state = BlockState::used;
       fl.give_back(f.region, f.last_stream ? f.last_stream : stream_tag(st.stream));
@@ -576,6 +693,7 @@ void ArenaCore::end_session(SessionState& st, bool success) {
     }
     return;
   }
+  const bool had_region = f.region != nullptr;
   if (st.provisional) {
     if (used == 0) {
       fl.give_back(st.provisional, stream_tag(st.stream));
@@ -597,6 +715,10 @@ void ArenaCore::end_session(SessionState& st, bool success) {
   st.provisional = st.next_held = nullptr;
   f.largest_plan = std::max(f.largest_plan, used);
   f.sum_plans += used;
+  // The family's lower bound follows its region (the largest of its members').
+  const std::uint64_t peak = std::max(f.peak_live, st.plan.peak_live_bytes());
+  if (f.region) region_peak_live += peak - (had_region ? f.peak_live : 0);
+  f.peak_live = peak;
 }
 
 void ArenaCore::graph_destroyed(Family& f, void* stream) noexcept {
@@ -604,6 +726,7 @@ void ArenaCore::graph_destroyed(Family& f, void* stream) noexcept {
   --live_graphs;
   if (--f.graphs == 0 && !f.capturing && f.region) {
     region_bytes -= f.region->size;
+    region_peak_live -= f.peak_live;
     --families_with_region;
     f.region->state = BlockState::used;
     fl.give_back(f.region, f.last_stream ? f.last_stream : stream);
@@ -652,6 +775,9 @@ std::uint64_t CaptureFamily::largest_plan_bytes() const {
 std::uint64_t CaptureFamily::sum_of_plan_bytes() const {
   return read_family(*f_, [](const detail::Family& f) { return f.sum_plans; });
 }
+std::uint64_t CaptureFamily::peak_live_bytes() const {
+  return read_family(*f_, [](const detail::Family& f) { return f.peak_live; });
+}
 
 // ---- Arena -------------------------------------------------------------------------------------
 
@@ -695,6 +821,7 @@ ArenaStats Arena::stats() const {
   st.eager_bytes = core_->eager_bytes;
   st.eager_blocks = core_->eager_blocks;
   st.region_bytes = core_->region_bytes;
+  st.region_peak_live_bytes = core_->region_peak_live;
   st.families = core_->families_with_region;
   st.live_graphs = core_->live_graphs;
   st.active_captures = static_cast<std::uint64_t>(core_->active_sessions.load());

@@ -6,6 +6,7 @@
 #include <graphsafe/debug.hpp>
 #include <graphsafe/plan.hpp>
 
+#include "capture_planner.hpp"
 #include "free_list.hpp"
 
 #include <atomic>
@@ -81,6 +82,10 @@ struct Family {
   std::mutex replay_mutex;        // serializes the family's replays (launch_in_family)
   std::uint64_t largest_plan = 0;
   std::uint64_t sum_plans = 0;
+  std::uint64_t peak_live = 0;  // largest lower bound of a capture of the family
+  // Placements of earlier captures (the better of the one made and an offline packing), which
+  // later captures of the same request sizes follow: re-captures, siblings, estimated captures.
+  std::vector<std::shared_ptr<const PackedLayout>> layouts;
   std::shared_ptr<VirtualFamily> virt;  // virtual growth: the family's address range
   // Debug mode (under the arena's lock or the family's serialized replays).
   GraphState* dbg_last_graph = nullptr;  // graph replayed last (its guards are the live ones)
@@ -103,6 +108,8 @@ struct CapturedPointer {
   std::uintptr_t addr = 0;
   std::string how;  // "argument 0 of node #2 (kernel fill)", "pointer 'x' declared at file:line"
 };
+// Base of an estimate's placements: no memory, and far from any (a launch would fault).
+inline constexpr std::uintptr_t kPlanningBase = 1ull << 56;
 
 struct SessionState {
   std::shared_ptr<ArenaCore> core;
@@ -118,6 +125,11 @@ struct SessionState {
   std::uintptr_t base = 0;
   std::uint64_t limit = 0;
   std::uint64_t bump = 0;
+  // Placement inside the region (reuse of ranges released during the capture); its own lock, so
+  // ordering queries to the backend never run under the arena's spin lock.
+  std::mutex planner_mutex;
+  CapturePlanner planner;
+  bool planning = false;  // an estimate: nothing is taken from the arena, the capture is discarded
   Plan plan;
   std::size_t report_mark = 0;  // debug: findings made before this capture began
   std::shared_ptr<VirtualPlan> virt;  // virtual growth: footprints recorded by this capture
@@ -183,6 +195,7 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   std::uint64_t eager_blocks = 0;
   std::uint64_t live_graphs = 0;
   std::uint64_t region_bytes = 0;
+  std::uint64_t region_peak_live = 0;  // sum of the lower bounds of families holding a region
   std::uint64_t families_with_region = 0;
   std::shared_ptr<VirtualRegistry> virt;  // virtual growth: families with an address range
   // Debug mode: bytes of guard behind every workspace (0 when debug mode or canaries are off).
@@ -230,6 +243,12 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   void begin_session(SessionState& st);
   void end_session(SessionState& st, bool success);
   void graph_destroyed(Family& f, void* stream) noexcept;
+  // A capture ended (or an estimate): lifetimes and lower bound into its plan, its best layout to
+  // the family for later captures.
+  void capture_planned(SessionState& st);
+  // A workspace requested in a capture was released (handle reset or destroyed): its range may be
+  // reused by later requests of that capture. No-op once the capture has ended.
+  void release_captured(std::uint64_t serial, void* stream) noexcept;
 
   // Debug mode (src/debug_arena.cpp); called only when opts.debug is on.
   void debug_slab_added(std::uintptr_t addr, std::uint64_t size, bool nvtx_heap = true);
@@ -238,6 +257,7 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
                          Stream s, bool guarded);
   void debug_eager_released(std::uintptr_t addr, void* stream) noexcept;
   void debug_captured_request(SessionState& st, const PlanEntry& e);
+  void debug_reuse_not_proven(SessionState& st, const PlanEntry& e, const std::string& why);
 
  private:
   static std::uint64_t next_id();
@@ -248,15 +268,18 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   void finish_release(Block* b);    // under lock: a released eager block goes back
   Block* take_eager(std::uint64_t bytes, Stream s, bool index = false);
   void* new_slab(std::uint64_t bytes, Stream s);  // backend slab (synchronized in debug mode)
+  // Offset of a captured request in the session's region; `serial` gets the block's id (0 under
+  // virtual growth, whose ranges are not reused), `why_not` (debug mode) what was not reused.
   std::uint64_t place_in_capture(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
-                                 std::string_view name);
+                                 std::string_view name, Stream s, std::uint64_t* serial = nullptr,
+                                 std::string* why_not = nullptr);
   SessionState* session_for_query(Stream s);
   // The capture paths of request / allocate, out of line so the eager paths stay small.
   [[gnu::noinline]] Workspace request_captured(SessionState& st, Stream s, std::string_view name, const Extent& need,
                                                std::uint64_t element_bytes, const SizingPolicy& policy,
                                                const Bindings& b, const std::source_location& loc,
                                                const Footprint* touched, const SizingDecision& d, std::uint64_t bytes);
-  [[gnu::noinline]] void* allocate_captured(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
+  [[gnu::noinline]] void* allocate_captured(SessionState& st, Stream s, std::uint64_t bytes, std::uint64_t alignment,
                                             const std::source_location& loc);
   Workspace make_workspace(Block* b, void* ptr, std::uint64_t bytes, std::int64_t count, Stream s, bool captured) {
     Workspace w;

@@ -35,7 +35,22 @@ void start_session(SessionState& st, const Bindings& b) {
                               "(end the outer capture first, or capture on another stream)");
   st.plan.set_captured_bindings(b);
   if (core.opts.debug) [[unlikely]] st.report_mark = debug_report_mark();
-  core.begin_session(st);  // takes the region to capture into; throws if there is none
+  {
+    // Earlier captures of this family's function: follow their placement while the sizes match.
+    std::lock_guard g(core.lock);
+    st.planner.set_proposals(st.family->layouts);
+  }
+  if (st.planning) {
+    // An estimate takes nothing: its requests are placed at addresses no memory backs (never
+    // launched: the capture is discarded).
+    if (core.opts.virtual_memory)
+      throw invalid_argument_error("graphsafe: estimate() with virtual growth: a virtual family reserves address "
+                                   "space, not a region; read VirtualGraphStats after capturing instead");
+    st.base = kPlanningBase;
+    st.limit = 1ull << 62;
+  } else {
+    core.begin_session(st);  // takes the region to capture into; throws if there is none
+  }
   // The region's memory may have been used eagerly on another stream: order the capture stream
   // after it now, in eager order, so every later replay on this stream follows that work.
   auto order = [&](Block* blk) {
@@ -62,7 +77,7 @@ void start_session(SessionState& st, const Bindings& b) {
     st.capture_id = ci.id;
   } catch (...) {
     unregister(st);
-    core.end_session(st, false);
+    if (!st.planning) core.end_session(st, false);
     throw;
   }
 }
@@ -72,7 +87,24 @@ void abandon_session(SessionState& st) noexcept {
   st.done = true;
   if (st.begun) st.core->backend.abort_capture(st.stream);
   unregister(st);
-  st.core->end_session(st, false);
+  if (!st.planning) st.core->end_session(st, false);
+}
+
+CaptureEstimate finish_estimate(SessionState& st) {
+  ArenaCore& core = *st.core;
+  st.done = true;
+  core.backend.abort_capture(st.stream);  // nothing of the planning capture is kept
+  unregister(st);
+  core.capture_planned(st);  // with a family: its later captures follow the best layout
+  CaptureEstimate e;
+  {
+    std::lock_guard g(st.planner_mutex);
+    // A family's next capture follows the best layout (same sizes); a graph of its own places greedily.
+    e.region_bytes = align_up(st.opts.family ? st.planner.best().region : st.planner.region(), kAlignment);
+    e.peak_live_bytes = st.planner.clique_bound();
+  }
+  e.requests = st.plan.entries().size();
+  return e;
 }
 
 std::unique_ptr<GraphState> finish_session(SessionState& st) {
@@ -91,6 +123,7 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
   std::unique_ptr<GraphState> g;
   try {
     st.plan.set_bytes(align_up(st.bump, kAlignment));
+    core.capture_planned(st);  // the planner's lifetimes and packed layout into the plan and family
     st.plan.finalize();
     g = std::make_unique<GraphState>();
     g->opts = st.opts;
@@ -148,6 +181,31 @@ std::shared_ptr<Family> family_of(const CaptureOptions& o, const std::shared_ptr
   f->arena_id = core->id;
   f->arena = core;
   return f;
+}
+
+CaptureEstimate estimate_capture(Arena& arena, Stream s, std::span<const Bindings> buckets,
+                                 const std::function<void(const Bindings&)>& fn, const CaptureOptions& opts) {
+  CaptureEstimate total;
+  for (const Bindings& b : buckets) {
+    SessionState st;
+    st.core = arena.core().shared_from_this();
+    st.stream = s;
+    st.family = family_of(opts);
+    st.opts = opts;
+    st.planning = true;
+    start_session(st, b);
+    try {
+      fn(b);
+    } catch (...) {
+      abandon_session(st);
+      throw;
+    }
+    const CaptureEstimate e = finish_estimate(st);
+    total.region_bytes = std::max(total.region_bytes, e.region_bytes);
+    total.peak_live_bytes = std::max(total.peak_live_bytes, e.peak_live_bytes);
+    total.requests += e.requests;
+  }
+  return total;
 }
 
 }  // namespace detail

@@ -2,6 +2,7 @@
 #include <graphsafe/error.hpp>
 
 #include <mutex>
+#include <unordered_set>
 
 namespace graphsafe {
 
@@ -166,6 +167,49 @@ void CudaBackend::abort_capture(Stream s) noexcept {
   if (cudaStreamEndCapture(s.cuda(), &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
   drop_event(capture_events_mutex_, pre_capture_events_, s.cuda());
   cudaGetLastError();  // the capture's own error was already reported to the caller
+}
+
+bool CudaBackend::capture_dependencies(Stream s, std::vector<const void*>& out) const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* deps = nullptr;
+  std::size_t n = 0;
+  if (cudaStreamGetCaptureInfo(s.cuda(), &status, nullptr, nullptr, &deps, nullptr, &n) != cudaSuccess ||
+      status != cudaStreamCaptureStatusActive) {
+    cudaGetLastError();
+    return false;
+  }
+  out.assign(deps, deps + n);
+  return true;
+}
+
+bool CudaBackend::capture_ordered_after(Stream s, const std::vector<const void*>& before) const {
+  if (before.empty()) return true;
+  std::vector<const void*> frontier;
+  if (!capture_dependencies(s, frontier)) return false;
+  // Walk the capture's graph backwards from the stream's dependencies until every node of
+  // `before` is found (reachability through cudaGraphNodeGetDependencies).
+  std::unordered_set<const void*> left(before.begin(), before.end());
+  std::unordered_set<const void*> seen;
+  std::vector<cudaGraphNode_t> preds;
+  while (!frontier.empty() && !left.empty()) {
+    const void* n = frontier.back();
+    frontier.pop_back();
+    if (!seen.insert(n).second) continue;
+    left.erase(n);
+    auto node = static_cast<cudaGraphNode_t>(const_cast<void*>(n));
+    std::size_t count = 0;
+    if (cudaGraphNodeGetDependencies(node, nullptr, nullptr, &count) != cudaSuccess) {
+      cudaGetLastError();
+      return false;  // cannot tell: unproven
+    }
+    preds.resize(count);
+    if (count && cudaGraphNodeGetDependencies(node, preds.data(), nullptr, &count) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    for (std::size_t i = 0; i < count; ++i) frontier.push_back(preds[i]);
+  }
+  return left.empty();
 }
 
 void CudaBackend::launch(const GraphHandle& g, Stream s) {

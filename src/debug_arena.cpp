@@ -155,11 +155,14 @@ void* heap_for(ArenaCore& core, std::uintptr_t addr) {
 }
 
 bool has_memory(const PlanEntry& e) { return e.kind != PlanEntry::Kind::dimension; }
+// Canaries and NVTX regions cover entries whose bytes no other workspace of the graph holds: a
+// range reused within the capture holds another workspace's data (or guard) during a replay.
+bool guarded(const PlanEntry& e) { return has_memory(e) && !e.shares_bytes; }
 
 // Register / unregister a graph's workspaces; caller holds the arena's lock.
 void nvtx_register_graph(ArenaCore& core, GraphState& g) {
   for (const PlanEntry& e : g.plan.entries()) {
-    if (!has_memory(e) || e.bytes == 0) continue;
+    if (!guarded(e) || e.bytes == 0) continue;
     const std::uintptr_t p = g.base + e.offset;
     nvtx_region_register(heap_for(core, p), p, e.bytes, "graphsafe " + graph_label(g) + ": " + e.name);
   }
@@ -170,7 +173,7 @@ void nvtx_register_graph(ArenaCore& core, GraphState& g) {
 void nvtx_unregister_graph(ArenaCore& core, GraphState& g) {
   // Only what nvtx_register_graph registered: workspaces inside a registered heap.
   for (const PlanEntry& e : g.plan.entries())
-    if (has_memory(e) && e.bytes != 0 && heap_for(core, g.base + e.offset)) nvtx_region_unregister(g.base + e.offset);
+    if (guarded(e) && e.bytes != 0 && heap_for(core, g.base + e.offset)) nvtx_region_unregister(g.base + e.offset);
   g.nvtx_registered = false;
   if (g.family->nvtx_owner == &g) g.family->nvtx_owner = nullptr;
 }
@@ -208,7 +211,7 @@ void check_graph(GraphState& g, Stream s) {
   const std::uint64_t n = core.guard_bytes;
   std::vector<const PlanEntry*> es;
   for (const PlanEntry& e : g.plan.entries())
-    if (has_memory(e)) es.push_back(&e);
+    if (guarded(e)) es.push_back(&e);
   std::vector<unsigned char> buf(es.size() * n);
   for (std::size_t i = 0; i < es.size(); ++i)
     core.backend.copy_to_host(buf.data() + i * n, reinterpret_cast<const void*>(g.base + es[i]->offset + es[i]->bytes),
@@ -235,7 +238,7 @@ void check_graph(GraphState& g, Stream s) {
 void arm_graph(GraphState& g, Stream s) {
   ArenaCore& core = *g.core;
   for (const PlanEntry& e : g.plan.entries())
-    if (has_memory(e)) core.backend.fill_bytes(reinterpret_cast<void*>(g.base + e.offset + e.bytes), core.guard_bytes,
+    if (guarded(e)) core.backend.fill_bytes(reinterpret_cast<void*>(g.base + e.offset + e.bytes), core.guard_bytes,
                                                kCanary, s);
   g.armed = true;
   g.unchecked = 0;
@@ -492,6 +495,14 @@ void link_captured_eager(ArenaCore& core, GraphState& g) {
 
 }  // namespace
 
+void ArenaCore::debug_reuse_not_proven(SessionState& st, const PlanEntry& e, const std::string& why) {
+  debug::report_finding(debug::kind::reuse_not_proven, e.site,
+                        "request '" + e.name + "' (" + std::to_string(e.bytes) + " B) grew the region: " + why,
+                        "record an event on the releasing stream after the release and make this request's stream "
+                        "wait on it (a join), or request on the releasing stream",
+                        e.name, "family '" + st.family->name + "' (capture)");
+}
+
 // ---- graph hooks ---------------------------------------------------------------------------------
 
 void debug_graph_created(GraphState& g, std::size_t report_mark) {
@@ -514,8 +525,11 @@ void debug_graph_created(GraphState& g, std::size_t report_mark) {
       ++n;
     }
   }
-  std::fprintf(stderr, "graphsafe debug: capture of %s: %zu request(s), %llu bytes, %zu live guard(s), %zu finding(s)\n%s",
+  std::fprintf(stderr,
+               "graphsafe debug: capture of %s: %zu request(s), %llu bytes (peak live %llu), %zu live guard(s), "
+               "%zu finding(s)\n%s",
                graph_label(g).c_str(), g.plan.entries().size(), static_cast<unsigned long long>(g.plan.bytes()),
+               static_cast<unsigned long long>(g.plan.peak_live_bytes()),
                g.plan.guard_count(), n, body.c_str());
   if (core.nvtx_on) {
     std::lock_guard lk(core.lock);

@@ -105,11 +105,13 @@ void Plan::enforce(const Bindings& b) const {
 
 std::string Plan::report() const {
   std::ostringstream os;
-  os << "plan: " << entries_.size() << " requests, " << bytes_ << " bytes, " << guards_.size() << " live guards\n";
+  os << "plan: " << entries_.size() << " requests, " << bytes_ << " bytes (peak live " << peak_live_ << "), "
+     << guards_.size() << " live guards\n";
   for (const auto& e : entries_) {
     os << "  " << (e.kind == PlanEntry::Kind::dimension ? "dim " : e.kind == PlanEntry::Kind::opaque ? "raw " : "ws  ")
        << e.name << ": " << e.reserved << (e.kind == PlanEntry::Kind::opaque ? " bytes" : " elems") << " @+" << e.offset
-       << " [" << e.policy << (e.replay_safe ? ", replay-safe" : ", GUARDED") << "] " << e.note << " at " << e.site << "\n";
+       << " [" << e.policy << (e.replay_safe ? ", replay-safe" : ", GUARDED") << "] " << e.note << " at " << e.site
+       << (e.reuses ? " (reuses a released range)" : "") << (e.released ? " (released in capture)" : "") << "\n";
   }
   for (const auto& f : findings_) os << "  finding: " << f.request << " at " << f.site << ": " << f.message << "\n";
   return os.str();

@@ -12,7 +12,10 @@
 // state -- a request no free block fits, reserve, trim, a capture, stats() -- coalesces first. Requests
 // on a stream that is capturing through graphsafe (CaptureSession / capture()) are sized by their
 // policy, recorded in the capture's plan and placed in the capture family's region, which stays
-// reserved for as long as a graph of the family lives. Growth adds a slab and never moves one, so
+// reserved for as long as a graph of the family lives. A workspace released during the capture
+// gives its range to the capture's later requests that the graph orders after every use of it
+// (same stream, or a stream whose capture joined the releasing one after the release), so a region
+// follows peak live bytes rather than the sum of requests. Growth adds a slab and never moves one, so
 // an address a graph saw is never reallocated: address stability holds by construction.
 #pragma once
 
@@ -91,6 +94,9 @@ struct ArenaStats {
   std::uint64_t eager_bytes = 0;      // in eager (non-captured) workspaces
   std::uint64_t eager_blocks = 0;
   std::uint64_t region_bytes = 0;     // reserved for capture families
+  // Lower bound on region_bytes: per family, the peak bytes of workspaces live at once in its
+  // largest capture (workspaces released during a capture give their range to later requests).
+  std::uint64_t region_peak_live_bytes = 0;
   std::uint64_t families = 0;         // families holding a region
   std::uint64_t live_graphs = 0;
   std::uint64_t active_captures = 0;
@@ -107,6 +113,7 @@ class CaptureFamily {
   std::uint64_t graphs() const;         // live graphs of the family
   std::uint64_t largest_plan_bytes() const;
   std::uint64_t sum_of_plan_bytes() const;  // what separate regions would have cost
+  std::uint64_t peak_live_bytes() const;    // lower bound on the region: the largest plan's peak live bytes
 
  private:
   std::shared_ptr<detail::Family> f_;

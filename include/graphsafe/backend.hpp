@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace graphsafe {
 
@@ -47,6 +48,15 @@ class Backend {
   virtual void abort_capture(Stream s) noexcept = 0;
   virtual void launch(const GraphHandle& g, Stream s) = 0;
   virtual void destroy(GraphHandle& g) noexcept = 0;
+
+  // Capture ordering, what lets a capture reuse a released workspace's range on another stream.
+  // The graph nodes the next work captured on `s` will depend on (opaque handles); false when the
+  // backend cannot tell, and graphsafe then reuses a range only on the stream that released it.
+  virtual bool capture_dependencies(Stream s, std::vector<const void*>& out) const;
+  // Whether the next work captured on `s` is ordered after every node of `before` (each is one of
+  // `s`'s dependencies or an ancestor of one). An empty `before` is trivially ordered. False when
+  // the backend cannot tell: unproven means no reuse.
+  virtual bool capture_ordered_after(Stream s, const std::vector<const void*>& before) const;
 
   // Make `waiter` wait for everything issued to `producer` so far (event record + wait).
   virtual void order_after(Stream waiter, Stream producer) = 0;

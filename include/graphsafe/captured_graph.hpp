@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <source_location>
+#include <span>
 
 namespace graphsafe {
 
@@ -44,6 +45,38 @@ struct CaptureOptions {
 class CapturedGraph;
 template <class Fn>
 CapturedGraph capture(Arena& arena, Stream s, const Bindings& b, Fn&& fn, CaptureOptions opts = {});
+
+// What capturing will take, known before any memory is: size the arena (and the KV cache beside
+// it) from this, then capture.
+//
+//   auto need = graphsafe::estimate(arena, stream, buckets, step, {.family = family});
+//   arena.reserve(need.region_bytes, stream);
+//   for (auto& b : buckets) graphs.push_back(graphsafe::capture(arena, stream, b, step, {.family = family}));
+//
+// Each bucket's function runs once in a planning capture: the stream captures (nothing runs),
+// requests are sized and placed exactly as a capture places them, at addresses no memory backs,
+// and the capture is discarded. With a family, the placement (the better of the one made and an
+// offline packing over the recorded lifetimes) is kept for the family's later captures, which
+// follow it: capturing the same buckets in the same order gives region_bytes exactly. The
+// placeholder addresses may be kernel arguments; a call that validates a workspace's address at
+// capture time (a memset or memcpy node, on some drivers) may refuse them.
+struct CaptureEstimate {
+  std::uint64_t region_bytes = 0;     // the region the captures need (a family: the largest)
+  std::uint64_t peak_live_bytes = 0;  // lower bound: workspaces live at once, at most
+  std::uint64_t requests = 0;         // requests recorded, over all buckets
+};
+namespace detail {
+CaptureEstimate estimate_capture(Arena& arena, Stream s, std::span<const Bindings> buckets,
+                                 const std::function<void(const Bindings&)>& fn, const CaptureOptions& opts);
+}
+template <class Fn>
+CaptureEstimate estimate(Arena& arena, Stream s, std::span<const Bindings> buckets, Fn&& fn, CaptureOptions opts = {}) {
+  return detail::estimate_capture(arena, s, buckets, std::function<void(const Bindings&)>(std::forward<Fn>(fn)), opts);
+}
+template <class Fn>
+CaptureEstimate estimate(Arena& arena, Stream s, const Bindings& b, Fn&& fn, CaptureOptions opts = {}) {
+  return estimate(arena, s, std::span<const Bindings>(&b, 1), std::forward<Fn>(fn), std::move(opts));
+}
 
 // Destroying a graph never blocks: CUDA frees an in-flight executable graph when its launches
 // complete, and the graph's region returns to the arena ordered after the last replay's stream.

@@ -11,8 +11,9 @@
 // bytes come from the arena's free list, stream-ordered; while the stream is capturing through
 // graphsafe (capture() / CaptureSession) they are recorded in the capture's plan and placed in the
 // family's region, so library temporaries (CUB temp storage, Thrust buffers) made inside a capture
-// keep their addresses for every replay. A deallocate inside the capture is a no-op: the memory
-// belongs to the graph.
+// keep their addresses for every replay. A deallocate inside the capture gives the range to the
+// capture's later requests on that stream (or on streams joined after it); the graph keeps the
+// range reserved.
 //
 // Requires CCCL's experimental memory resource concepts (CUDA 12.x/13.x `<cuda/memory_resource>`);
 // this header defines LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE unless the build already did.

@@ -48,6 +48,9 @@ inline constexpr std::string_view canary_overwrite = "canary-overwrite";        
 inline constexpr std::string_view replay_mismatch = "replay-mismatch";                     // 9
 inline constexpr std::string_view replay_refused = "replay-refused";                       // 9 (guard refused)
 inline constexpr std::string_view captured_eager_release = "captured-eager-release";
+// A capture request could not reuse a range released earlier in the capture: the graph does not
+// order the release before this request's stream (join the streams with an event).
+inline constexpr std::string_view reuse_not_proven = "reuse-not-proven";
 }  // namespace kind
 
 struct Finding {

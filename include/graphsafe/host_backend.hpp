@@ -1,9 +1,22 @@
 // HostBackend: the arena's logic on the CPU, with the same semantics as CUDA.
 //
 // Memory is host memory. A HostStream runs work in order; while it is capturing, work is *recorded*
-// instead of run, into a host "graph" that replays the recorded closures in order. Closures copy the
-// sizes and addresses they were given at capture, exactly as kernel arguments are frozen in a CUDA
-// Graph, so the seed's bug (a workspace sized from capture-time lengths) reproduces on the CPU.
+// instead of run, into a host "graph" of nodes and dependency edges. Closures copy the sizes and
+// addresses they were given at capture, exactly as kernel arguments are frozen in a CUDA Graph, so
+// the seed's bug (a workspace sized from capture-time lengths) reproduces on the CPU.
+//
+// Multi-stream capture follows CUDA (cudaEventRecord / cudaStreamWaitEvent):
+//
+//   HostStream main, side;  HostEvent fork, join;
+//   backend.begin_capture(main, CaptureMode::global);
+//   main.record(fork);  side.wait(fork);     // side joins main's capture (a fork)
+//   side.launch(a);     main.launch(b);      // a and b are concurrent branches
+//   side.record(join);  main.wait(join);     // join: main's next work follows a and b
+//   GraphHandle g = backend.end_capture(main);  // throws if a stream that joined was not joined back
+//
+// A replay runs the nodes in a topological order that, among ready nodes, takes the most recently
+// captured first: branches run in an order other than capture order, so a missing join shows up
+// as wrong results in tests instead of passing by luck.
 //
 // Execution. By default every stream runs its work at once, on the calling thread (synchronous:
 // order_after and synchronize have nothing to do). The seeded mode makes stream ordering visible:
@@ -42,8 +55,10 @@
 namespace graphsafe {
 
 class HostBackend;
+class HostEvent;
 namespace detail {
 struct HostScheduler;
+struct HostCapture;
 }
 
 // A byte range a launched piece of work reads or writes (the race checker's input).
@@ -69,7 +84,9 @@ class HostStream {
   explicit HostStream(HostBackend& backend);
   HostStream(const HostStream&) = delete;
   HostStream& operator=(const HostStream&) = delete;
-  ~HostStream();  // waits for the stream's queued work (seeded mode)
+  // Waits for the stream's queued work (seeded mode); a stream that joined a capture leaves it (its
+  // captured work stays in the graph).
+  ~HostStream();
 
   // Run `work` in stream order: when eager, now (synchronous mode) or queued (seeded mode); at
   // every replay when capturing. `touches`: the bytes it reads and writes, checked for races in
@@ -77,14 +94,32 @@ class HostStream {
   void launch(std::function<void()> work, std::vector<HostAccess> touches = {},
               std::source_location loc = std::source_location::current());
   bool capturing() const { return capture_id_ != 0; }
+  // cudaEventRecord: the event marks this stream's current position (in its capture, when capturing).
+  void record(HostEvent& e);
+  // cudaStreamWaitEvent: later work on this stream follows the event's position. An event recorded
+  // in a capture makes a stream that is not capturing join that capture; waiting on an event of
+  // another capture throws capture_state_error (CUDA invalidates such a capture). Outside capture,
+  // in seeded mode, it orders this stream after the recording stream's work.
+  void wait(const HostEvent& e);
 
  private:
   friend class HostBackend;
   friend struct detail::HostScheduler;
   std::uint64_t capture_id_ = 0;
-  std::vector<HostWork>* recording_ = nullptr;
+  std::shared_ptr<detail::HostCapture> capture_;
+  std::vector<std::uint32_t> deps_;  // capture nodes the next captured work depends on
   HostBackend* backend_ = nullptr;  // the backend that runs its eager work (set on first use)
   std::uint32_t id_ = 0;            // seeded mode: index of the stream's queue and clock entry
+};
+
+// An event for HostStream::record / wait (a cudaEvent_t twin).
+class HostEvent {
+ private:
+  friend class HostStream;
+  std::shared_ptr<detail::HostCapture> capture_;  // capture it was recorded in (null: eager)
+  std::uint64_t capture_id_ = 0;
+  std::vector<std::uint32_t> nodes_;
+  HostStream* stream_ = nullptr;  // eager: the stream it was recorded on
 };
 
 enum class HostExecution : std::uint8_t {
@@ -126,6 +161,8 @@ class HostBackend final : public Backend {
   void begin_capture(Stream s, CaptureMode mode) override;
   GraphHandle end_capture(Stream s) override;
   void abort_capture(Stream s) noexcept override;
+  bool capture_dependencies(Stream s, std::vector<const void*>& out) const override;
+  bool capture_ordered_after(Stream s, const std::vector<const void*>& before) const override;
   void launch(const GraphHandle& g, Stream s) override;
   void destroy(GraphHandle& g) noexcept override;
   void order_after(Stream waiter, Stream producer) override;

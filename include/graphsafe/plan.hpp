@@ -30,6 +30,11 @@ struct PlanEntry {
   bool replay_safe = false;        // policy proved no replay within capacities needs more
   std::string note;                // policy's reason
   std::string site;                // file:line (function)
+  // Lifetime in the capture (workspaces and opaque requests).
+  void* stream = nullptr;          // requested on
+  bool released = false;           // released during the capture: later requests may reuse its range
+  bool reuses = false;             // placed over the range of a workspace released earlier
+  bool shares_bytes = false;       // another entry's range overlaps this one's range or guard
 };
 
 // A finding made at capture time: a request whose size no bound protects.
@@ -45,6 +50,10 @@ class Plan {
   const std::vector<CaptureFinding>& findings() const { return findings_; }
   const Bindings& captured_bindings() const { return captured_; }
   std::uint64_t bytes() const { return bytes_; }  // region bytes this plan spans
+  // Lower bound on bytes(): peak bytes of workspaces live at once (blocks live on concurrent
+  // branches count together), guards and alignment included. bytes() / peak_live_bytes() is what
+  // placement costs over the best any placement could do.
+  std::uint64_t peak_live_bytes() const { return peak_live_; }
 
   // Guards that replays must pass; empty when every entry is replay-safe by construction.
   std::size_t guard_count() const { return guards_.size(); }
@@ -63,6 +72,8 @@ class Plan {
   void add(PlanEntry e);
   void add_finding(CaptureFinding f) { findings_.push_back(std::move(f)); }
   void set_bytes(std::uint64_t b) { bytes_ = b; }
+  void set_peak_live_bytes(std::uint64_t b) { peak_live_ = b; }
+  PlanEntry& entry(std::size_t i) { return entries_.at(i); }
   // Compile guards: entries whose policy proved them replay-safe are discharged (their guard is
   // implied by the bindings being within capacities); identical extents share one guard holding
   // the smallest reservation.
@@ -86,6 +97,7 @@ class Plan {
   std::vector<std::pair<Symbol, Symbol>> batches_;  // (batch, its length)
   Bindings captured_;
   std::uint64_t bytes_ = 0;
+  std::uint64_t peak_live_ = 0;
 };
 
 }  // namespace graphsafe

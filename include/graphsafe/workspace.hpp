@@ -1,7 +1,12 @@
 // Workspace: a move-only handle to memory the arena served. Eager workspaces return to the arena
-// (stream-ordered on the stream they were requested on) when the handle dies; workspaces requested
-// while capturing belong to the captured graph and stay reserved until the graph is destroyed, so
-// the handle dying inside the capture function is harmless.
+// (stream-ordered on the stream they were requested on) when the handle dies. A workspace requested
+// while capturing belongs to the captured graph: its range stays reserved until the graph is
+// destroyed, but when the handle dies (or is reset) inside the capture, later requests of that
+// capture may reuse the range -- those the graph orders after the release: on the same stream, or
+// on a stream whose capture dependencies reach the releasing stream's position (an event join).
+// As with any stream-ordered allocator, work on other streams that uses the workspace must be
+// joined into its stream before the handle dies. A handle that dies after the capture ended
+// changes nothing.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +48,9 @@ class Workspace {
   bool captured() const noexcept { return captured_; }
   explicit operator bool() const noexcept { return core_ != nullptr; }
 
-  // Give the memory back now (stream-ordered). No-op for captured workspaces and empty handles
-  // (inline, so a handle that was already reset or moved from costs one branch when it dies).
+  // Give the memory back now (stream-ordered; inside a capture, to the capture's later requests).
+  // No-op for empty handles and for captured workspaces once their capture has ended (inline, so a
+  // handle that was already reset or moved from costs one branch when it dies).
   void reset() noexcept {
     if (core_) release_and_clear();
   }

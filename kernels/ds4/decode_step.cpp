@@ -149,7 +149,9 @@ StepSizes GatherDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindin
   aa.width = width;
   aa.lens = lens.as<std::int32_t>();
   cuda::sparse_attention_workspace(aa, s.cuda());
-  return z;  // eager workspaces return to the arena here, stream-ordered after the kernels
+  // The layer is done with its workspaces: they return here, stream-ordered after the kernels (while
+  // capturing, to the capture, so the next layer reuses the range: a step's region is one layer's).
+  return z;
 }
 
 PagedDecode::PagedDecode(Arena& arena, const LayerConfig& cfg, const Ds4Symbols& syms)
@@ -205,7 +207,7 @@ StepSizes PagedDecode::run(Stream s, const cuda::DeviceProblem& d, const Binding
   pa.cmp_width = cw;
   pa.cmp_lens = ia.cmp_lens;
   cuda::sparse_attention_paged(pa, s.cuda());
-  return z;
+  return z;  // as GatherDecode::run: the workspaces go back (to the capture when capturing)
 }
 
 }  // namespace graphsafe::ds4

@@ -634,7 +634,8 @@ TEST_CASE("arena: failed captures release everything they acquired", "[arena][er
   b.set(n, 10);
   auto fam = arena.family("f");
   auto body = [&](const Bindings& bb) {
-    arena.request(s, "a", Extent(n), 8, capacity_bound, bb);
+    // Held while the allocation is made: a released workspace would give its range to it.
+    auto a = arena.request(s, "a", Extent(n), 8, capacity_bound, bb);
     arena.allocate(s, 1000);
   };
 
@@ -689,7 +690,7 @@ TEST_CASE("arena: failed captures release everything they acquired", "[arena][er
     CHECK_THROWS_AS(capture(
                         arena, s, b, [&](const Bindings& bb) {
                           body(bb);
-                          arena.allocate(s, 4096);
+                          arena.allocate(s, 16384);  // more than the region: released ranges cannot hold it
                         },
                         CaptureOptions{.family = fam}),
                     out_of_memory_error);
@@ -700,7 +701,7 @@ TEST_CASE("arena: failed captures release everything they acquired", "[arena][er
         arena, s, b,
         [&](const Bindings& bb) {
           body(bb);
-          arena.allocate(s, 4096);
+          arena.allocate(s, 16384);  // more than the region: released ranges cannot hold it
         },
         CaptureOptions{.family = fam});
     CHECK(fam.region_bytes() > region_before);

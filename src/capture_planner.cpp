@@ -1,0 +1,284 @@
+#include "capture_planner.hpp"
+
+#include <graphsafe/backend.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+namespace graphsafe {
+
+// Backends that cannot tell how a capture's nodes are ordered: no reuse across streams.
+bool Backend::capture_dependencies(Stream, std::vector<const void*>&) const { return false; }
+bool Backend::capture_ordered_after(Stream, const std::vector<const void*>& before) const { return before.empty(); }
+
+namespace detail {
+
+std::uint64_t best_fit(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes) {
+  std::sort(taken.begin(), taken.end());
+  std::uint64_t cur = 0, best = 0, best_gap = std::numeric_limits<std::uint64_t>::max();
+  for (auto [off, size] : taken) {
+    if (size == 0) continue;
+    if (off > cur && off - cur >= bytes && off - cur < best_gap) {
+      best_gap = off - cur;
+      best = cur;
+    }
+    cur = std::max(cur, off + size);
+  }
+  return best_gap != std::numeric_limits<std::uint64_t>::max() ? best : cur;
+}
+
+std::uint64_t first_fit_offset(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes) {
+  std::sort(taken.begin(), taken.end());
+  std::uint64_t cur = 0;
+  for (auto [off, size] : taken) {
+    if (size == 0) continue;
+    if (off > cur && off - cur >= bytes) return cur;
+    cur = std::max(cur, off + size);
+  }
+  return cur;
+}
+
+bool CapturePlanner::conflict(std::uint32_t a, std::uint32_t b) const {
+  if (a > b) std::swap(a, b);
+  const auto& ob = blocks_[b].ordered_before;
+  return !std::binary_search(ob.begin(), ob.end(), a);
+}
+
+namespace {
+bool overlaps(std::uint64_t a, std::uint64_t an, std::uint64_t b, std::uint64_t bn) {
+  return an && bn && a < b + bn && b < a + an;
+}
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+}  // namespace
+
+CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream, const Ordered& ordered,
+                                              bool explain) const {
+  Choice c;
+  c.bytes = bytes;
+  c.stream = stream;
+  std::vector<std::uint32_t> live, unordered;
+  for (std::uint32_t i = 0; i < blocks_.size(); ++i) {
+    const PlannedBlock& b = blocks_[i];
+    if (!b.released)
+      live.push_back(i);
+    else if (b.release_stream == stream ||
+             std::find(b.ordered_streams.begin(), b.ordered_streams.end(), stream) != b.ordered_streams.end() ||
+             ordered(stream, b))
+      c.ordered.push_back(i);
+    else
+      unordered.push_back(i);
+  }
+  // Lower bound: the live blocks conflict pairwise and with this request (none was released before
+  // the others' requests); add unordered released blocks, largest first, that conflict with all.
+  std::vector<std::uint32_t> clique = live;
+  c.clique = bytes;
+  for (std::uint32_t i : live) c.clique += blocks_[i].bytes;
+  std::vector<std::uint32_t> by_size = unordered;
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
+  for (std::uint32_t u : by_size)
+    if (std::all_of(clique.begin(), clique.end(), [&](std::uint32_t m) { return conflict(u, m); })) {
+      clique.push_back(u);
+      c.clique += blocks_[u].bytes;
+    }
+
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> taken;
+  for (std::uint32_t i : live) taken.emplace_back(blocks_[i].offset, blocks_[i].bytes);
+  for (std::uint32_t i : unordered) taken.emplace_back(blocks_[i].offset, blocks_[i].bytes);
+  auto fits_at = [&](std::uint64_t off) {
+    return std::none_of(taken.begin(), taken.end(), [&](const auto& t) { return overlaps(off, bytes, t.first, t.second); });
+  };
+  const std::size_t n = blocks_.size();
+  bool proposed = false;
+  for (std::size_t p = 0; p < proposals_.size() && !proposed; ++p) {
+    const PackedLayout& l = *proposals_[p];
+    if (following_[p] && n < l.bytes.size() && l.bytes[n] == bytes && fits_at(l.offsets[n])) {
+      c.offset = l.offsets[n];
+      proposed = true;
+    }
+  }
+  if (!proposed) c.offset = best_fit(taken, bytes);
+  for (std::uint32_t i : c.ordered)
+    if (overlaps(c.offset, bytes, blocks_[i].offset, blocks_[i].bytes)) c.reused = true;
+  if (explain && c.offset + bytes > region_) {
+    // The region grows: say which released ranges could have held it but were not proven ordered.
+    for (std::uint32_t i : unordered) {
+      const PlannedBlock& b = blocks_[i];
+      if (b.bytes < bytes) continue;
+      if (!c.why_not.empty()) c.why_not += "; ";
+      c.why_not += "'" + b.name + "' (" + std::to_string(b.bytes) + " B, released on stream " + hex(b.release_stream) +
+                   ") is not reused: " +
+                   (b.position_known ? "this stream's capture dependencies (" + hex(stream) +
+                                           ") do not reach its release -- join the streams with an event first"
+                                     : std::string("the backend cannot tell how the streams are ordered"));
+    }
+  }
+  return c;
+}
+
+void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, std::string name) {
+  const std::size_t n = blocks_.size();
+  for (std::size_t p = 0; p < proposals_.size(); ++p) {
+    const PackedLayout& l = *proposals_[p];
+    following_[p] = following_[p] && n < l.bytes.size() && l.bytes[n] == c.bytes && l.offsets[n] == c.offset;
+  }
+  for (std::uint32_t i : c.ordered) {
+    auto& os = blocks_[i].ordered_streams;
+    if (std::find(os.begin(), os.end(), c.stream) == os.end()) os.push_back(c.stream);
+  }
+  PlannedBlock b;
+  b.serial = serial;
+  b.offset = c.offset;
+  b.bytes = c.bytes;
+  b.stream = c.stream;
+  b.entry = entry;
+  b.name = std::move(name);
+  b.ordered_before = std::move(c.ordered);
+  region_ = std::max(region_, c.offset + c.bytes);
+  peak_ = std::max(peak_, c.clique);
+  if (serial) by_serial_[serial] = static_cast<std::uint32_t>(n);
+  blocks_.push_back(std::move(b));
+}
+
+PlannedBlock* CapturePlanner::live(std::uint64_t serial) {
+  auto it = by_serial_.find(serial);
+  return it == by_serial_.end() ? nullptr : &blocks_[it->second];
+}
+
+PlannedBlock* CapturePlanner::live_at(std::uint64_t offset) {
+  for (auto& b : blocks_)
+    if (!b.released && b.offset == offset && b.bytes) return &b;
+  return nullptr;
+}
+
+void CapturePlanner::release(PlannedBlock& b, void* stream, std::vector<const void*> position, bool known) {
+  b.released = true;
+  b.release_stream = stream;
+  b.release_position = std::move(position);
+  b.position_known = known;
+  by_serial_.erase(b.serial);
+}
+
+PackedLayout CapturePlanner::layout() const {
+  PackedLayout l;
+  for (const auto& b : blocks_) {
+    l.bytes.push_back(b.bytes);
+    l.offsets.push_back(b.offset);
+  }
+  l.region = region_;
+  return l;
+}
+
+std::uint64_t CapturePlanner::clique_bound() const {
+  // Max weight clique of the conflict graph (any placement gives its members disjoint bytes):
+  // branch and bound per last member c over the earlier blocks conflicting with c, with a step
+  // budget; the greedy clique recorded at each request is the floor.
+  const auto n = static_cast<std::uint32_t>(blocks_.size());
+  std::uint64_t best = peak_;
+  std::uint64_t budget = 2'000'000;
+  for (std::uint32_t c = 0; c < n && budget; ++c) {
+    std::vector<std::uint32_t> cand;
+    std::uint64_t total = blocks_[c].bytes;
+    for (std::uint32_t j = 0; j < c; ++j)
+      if (conflict(j, c) && blocks_[j].bytes) {
+        cand.push_back(j);
+        total += blocks_[j].bytes;
+      }
+    if (total <= best) continue;
+    std::sort(cand.begin(), cand.end(), [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
+    std::function<void(std::size_t, std::uint64_t, std::uint64_t, std::vector<std::uint32_t>&)> grow =
+        [&](std::size_t from, std::uint64_t weight, std::uint64_t rest, std::vector<std::uint32_t>& chosen) {
+          best = std::max(best, weight);
+          for (std::size_t k = from; k < cand.size() && budget; ++k, --budget) {
+            if (weight + rest <= best) return;
+            const std::uint32_t v = cand[k];
+            rest -= blocks_[v].bytes;
+            if (std::all_of(chosen.begin(), chosen.end(), [&](std::uint32_t m) { return conflict(v, m); })) {
+              chosen.push_back(v);
+              grow(k + 1, weight + blocks_[v].bytes, rest, chosen);
+              chosen.pop_back();
+            }
+          }
+        };
+    std::vector<std::uint32_t> chosen;
+    grow(0, blocks_[c].bytes, total - blocks_[c].bytes, chosen);
+  }
+  return best;
+}
+
+PackedLayout CapturePlanner::pack() const {
+  const auto n = static_cast<std::uint32_t>(blocks_.size());
+  std::vector<std::vector<std::uint32_t>> adj(n);
+  for (std::uint32_t i = 0; i < n; ++i)
+    for (std::uint32_t j = i + 1; j < n; ++j)
+      if (conflict(i, j)) {
+        adj[i].push_back(j);
+        adj[j].push_back(i);
+      }
+  auto place = [&](const std::vector<std::uint32_t>& order, bool first_fit) {
+    PackedLayout l;
+    l.bytes.resize(n);
+    l.offsets.resize(n);
+    std::vector<char> placed(n, 0);
+    for (std::uint32_t i : order) {
+      std::vector<std::pair<std::uint64_t, std::uint64_t>> taken;
+      for (std::uint32_t j : adj[i])
+        if (placed[j]) taken.emplace_back(l.offsets[j], blocks_[j].bytes);
+      l.offsets[i] = first_fit ? first_fit_offset(std::move(taken), blocks_[i].bytes) : best_fit(std::move(taken), blocks_[i].bytes);
+      l.bytes[i] = blocks_[i].bytes;
+      l.region = std::max(l.region, l.offsets[i] + blocks_[i].bytes);
+      placed[i] = 1;
+    }
+    return l;
+  };
+  // Orders tried (XLA's heap simulator tries several too): decreasing size, decreasing size x
+  // conflicts, then seeded perturbations of the best; each with best fit and first fit.
+  std::vector<std::uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
+  PackedLayout best = place(order, false);
+  std::vector<std::uint32_t> best_order = order;
+  auto consider = [&](const std::vector<std::uint32_t>& o) {
+    for (bool ff : {false, true}) {
+      PackedLayout l = place(o, ff);
+      if (l.region < best.region) {
+        best = std::move(l);
+        best_order = o;
+      }
+    }
+  };
+  consider(order);
+  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return blocks_[a].bytes * (adj[a].size() + 1) > blocks_[b].bytes * (adj[b].size() + 1);
+  });
+  consider(order);
+  const std::uint64_t floor = clique_bound();
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;  // fixed seed: the same lifetimes give the same layout
+  const int rounds = n <= 512 ? 48 : 4;
+  for (int r = 0; r < rounds && best.region > floor; ++r) {
+    std::vector<std::uint32_t> o = best_order;
+    for (int k = 0; k < 1 + static_cast<int>(n / 16); ++k) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      if (n > 1) std::swap(o[x % n], o[(x >> 32) % n]);
+    }
+    consider(o);
+  }
+  return best;
+}
+
+PackedLayout CapturePlanner::best() const {
+  PackedLayout packed = pack();
+  PackedLayout made = layout();
+  return packed.region < made.region ? packed : made;
+}
+
+}  // namespace detail
+}  // namespace graphsafe

@@ -1,0 +1,116 @@
+// CapturePlanner: where a capture's requests go inside its region.
+//
+//   CapturePlanner p;
+//   auto a = p.choose(bytes, stream, ordered, explain);   // offset, conflicts, lower bound
+//   p.commit(a, serial, entry, name);
+//   ... p.release(serial, stream, position);             // the range may now be reused
+//   PackedLayout better = p.pack();                       // offline, over the recorded lifetimes
+//
+// A released workspace's range is reused by a later request of the same capture only when the
+// captured graph orders every use of the old workspace before every use of the new one: the new
+// request is on the releasing stream, or its stream's capture dependencies reach the releasing
+// stream's position at release (the `Ordered` oracle asks the backend). Unproven means no reuse.
+// Placement is best fit among the ranges of the blocks the request conflicts with (those live, and
+// those released but not ordered before it), so it never depends on how the free ranges were split.
+//
+// The lower bound is the weight of a clique of pairwise-conflicting blocks (any placement must give
+// them disjoint bytes): at each request, the blocks live in capture order plus the released ones
+// still unordered with it that conflict with all of those. On one stream it is exactly the peak
+// live bytes; blocks live on concurrent branches count together.
+//
+// Placement only: growth (slabs, virtual memory) and debug checks stay with the arena.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace graphsafe::detail {
+
+struct PlannedBlock {
+  std::uint64_t serial = 0;  // the handle's id (Workspace, opaque pointer); unique over the process
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;  // range taken: guard included, 256-byte aligned
+  void* stream = nullptr;
+  std::size_t entry = 0;  // index of its plan entry
+  std::string name;
+  bool released = false;
+  void* release_stream = nullptr;
+  bool position_known = false;
+  std::vector<const void*> release_position;  // the releasing stream's capture dependencies at release
+  std::vector<std::uint32_t> ordered_before;  // earlier blocks whose release is ordered before this request (sorted)
+  // Streams proven to follow the release: a stream's capture dependencies only move forward, so
+  // the backend is asked once per (released block, stream).
+  std::vector<void*> ordered_streams;
+};
+
+// One offset per block, in request order: a placement a later capture of the same function follows.
+struct PackedLayout {
+  std::vector<std::uint64_t> bytes;
+  std::vector<std::uint64_t> offsets;
+  std::uint64_t region = 0;
+};
+
+class CapturePlanner {
+ public:
+  // Whether the graph orders released block `b` before the next work captured on `stream`.
+  using Ordered = std::function<bool(void* stream, const PlannedBlock& b)>;
+
+  struct Choice {
+    std::uint64_t offset = 0;
+    std::uint64_t bytes = 0;
+    void* stream = nullptr;
+    std::vector<std::uint32_t> ordered;  // released blocks ordered before this request
+    std::uint64_t clique = 0;            // lower bound at this request
+    std::string why_not;                 // explain: released ranges this request could not prove safe to reuse
+    bool reused = false;                 // lies (partly) over a released block's range
+  };
+  // Where a request of `bytes` (aligned, guard included) on `stream` goes. Follows `proposals`
+  // (layouts of earlier captures) when one fits this capture's conflicts.
+  Choice choose(std::uint64_t bytes, void* stream, const Ordered& ordered, bool explain) const;
+  void commit(Choice c, std::uint64_t serial, std::size_t entry, std::string name);
+  // The live block with this serial (nullptr: not this capture's, or already released).
+  PlannedBlock* live(std::uint64_t serial);
+  // The live block at this offset (opaque deallocate), nullptr when none.
+  PlannedBlock* live_at(std::uint64_t offset);
+  void release(PlannedBlock& b, void* stream, std::vector<const void*> position, bool known);
+
+  std::uint64_t region() const { return region_; }
+  // Lower bound: the greedy cliques recorded at each request (peak live bytes in capture order).
+  std::uint64_t peak_live() const { return peak_; }
+  // A tighter lower bound: the heaviest clique of the conflict graph found by a bounded search.
+  std::uint64_t clique_bound() const;
+  const std::vector<PlannedBlock>& blocks() const { return blocks_; }
+
+  // Layouts of earlier captures of this function: followed while their block sizes match.
+  void set_proposals(std::vector<std::shared_ptr<const PackedLayout>> p) {
+    proposals_ = std::move(p);
+    following_.assign(proposals_.size(), 1);
+  }
+  // The placement made, and an offline packing of the same lifetimes (best fit by decreasing size,
+  // and by decreasing size x conflicts); the smaller of the three.
+  PackedLayout layout() const;
+  PackedLayout pack() const;
+  PackedLayout best() const;
+
+ private:
+  bool conflict(std::uint32_t a, std::uint32_t b) const;  // a != b
+  std::vector<PlannedBlock> blocks_;
+  std::unordered_map<std::uint64_t, std::uint32_t> by_serial_;  // live blocks
+  std::uint64_t region_ = 0;
+  std::uint64_t peak_ = 0;
+  std::vector<std::shared_ptr<const PackedLayout>> proposals_;
+  std::vector<char> following_;  // per proposal: every block so far was placed as it says
+};
+
+// Best fit among `taken` ranges (offset, bytes): the smallest gap that holds `bytes`, else the end
+// of the highest range.
+std::uint64_t best_fit(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes);
+// The lowest gap that holds `bytes`.
+std::uint64_t first_fit_offset(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes);
+
+}  // namespace graphsafe::detail
