@@ -190,7 +190,7 @@ CaptureEstimate estimate_capture(Arena& arena, Stream s, std::span<const Binding
     SessionState st;
     st.core = arena.core().shared_from_this();
     st.stream = s;
-    st.family = family_of(opts);
+    st.family = family_of(opts, st.core);
     st.opts = opts;
     st.planning = true;
     start_session(st, b);
