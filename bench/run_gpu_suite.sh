@@ -148,7 +148,7 @@ else
   # exhaust a capped pool. Errors of any other kind still fail the run.
   expected_api_errors() {
     case $1 in
-      test_debug_gpu) echo 'cudaErrorInvalidValue .* call to (cudaFuncGetParamInfo|cudaGetLastError)\.' ;;
+      test_debug_gpu|test_vmm_gpu) echo 'cudaErrorInvalidValue .* call to (cudaFuncGetParamInfo|cudaGetLastError)\.' ;;
       test_reliability_gpu) echo 'cudaErrorMemoryAllocation .* call to (cudaMallocFromPoolAsync|cudaMallocAsync|cudaMalloc|cudaGetLastError)\.' ;;
       *) echo '^$' ;;
     esac
@@ -199,7 +199,7 @@ else
       printf 'FAIL\t%s %s: %s: %s (%s)\n' "$tool" "$name" "$note" "$counts" "$log"
     fi
   }
-  export -f san_one expected_api_errors
+  export -f san_one expected_api_errors san_tool_args
   export OUT SAN_CYCLES SAN_ROUNDS SANITIZER_TIMEOUT SANITIZER
   banner "compute-sanitizer ($SANITIZE_TOOLS) on ${#GPU_TESTS[@]} GPU tests, $SANITIZE_JOBS at a time"
   # Tests that check device-wide memory (cudaMemGetInfo: VMM growth, the soak, the arena's flat-memory

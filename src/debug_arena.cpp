@@ -159,21 +159,48 @@ bool has_memory(const PlanEntry& e) { return e.kind != PlanEntry::Kind::dimensio
 // range reused within the capture holds another workspace's data (or guard) during a replay.
 bool guarded(const PlanEntry& e) { return has_memory(e) && !e.shares_bytes; }
 
+// The ranges a graph's workspaces register: each workspace no other one shares bytes with, and one
+// range per group of workspaces whose ranges overlap (reused within the capture). The shared range
+// stays addressable for memcheck; overflows inside it are not told apart.
+struct NvtxRange {
+  std::uintptr_t addr;
+  std::uint64_t bytes;
+  std::string name;
+};
+std::vector<NvtxRange> nvtx_ranges(const GraphState& g) {
+  std::vector<NvtxRange> out, shared;
+  for (const PlanEntry& e : g.plan.entries()) {
+    if (!has_memory(e) || e.bytes == 0) continue;
+    NvtxRange r{g.base + e.offset, e.bytes, e.name};
+    (e.shares_bytes ? shared : out).push_back(std::move(r));
+  }
+  std::sort(shared.begin(), shared.end(), [](const NvtxRange& a, const NvtxRange& b) { return a.addr < b.addr; });
+  std::vector<NvtxRange> merged;
+  for (const NvtxRange& r : shared) {
+    if (!merged.empty() && r.addr < merged.back().addr + merged.back().bytes) {
+      NvtxRange& m = merged.back();
+      m.bytes = std::max(m.addr + m.bytes, r.addr + r.bytes) - m.addr;
+      m.name += "+" + r.name;
+    } else {
+      merged.push_back({r.addr, r.bytes, "shared " + r.name});
+    }
+  }
+  out.insert(out.end(), merged.begin(), merged.end());
+  return out;
+}
+
 // Register / unregister a graph's workspaces; caller holds the arena's lock.
 void nvtx_register_graph(ArenaCore& core, GraphState& g) {
-  for (const PlanEntry& e : g.plan.entries()) {
-    if (!guarded(e) || e.bytes == 0) continue;
-    const std::uintptr_t p = g.base + e.offset;
-    nvtx_region_register(heap_for(core, p), p, e.bytes, "graphsafe " + graph_label(g) + ": " + e.name);
-  }
+  for (const NvtxRange& r : nvtx_ranges(g))
+    nvtx_region_register(heap_for(core, r.addr), r.addr, r.bytes, "graphsafe " + graph_label(g) + ": " + r.name);
   g.nvtx_registered = true;
   g.family->nvtx_owner = &g;
 }
 
 void nvtx_unregister_graph(ArenaCore& core, GraphState& g) {
-  // Only what nvtx_register_graph registered: workspaces inside a registered heap.
-  for (const PlanEntry& e : g.plan.entries())
-    if (guarded(e) && e.bytes != 0 && heap_for(core, g.base + e.offset)) nvtx_region_unregister(g.base + e.offset);
+  // Only what nvtx_register_graph registered: ranges inside a registered heap.
+  for (const NvtxRange& r : nvtx_ranges(g))
+    if (heap_for(core, r.addr)) nvtx_region_unregister(r.addr);
   g.nvtx_registered = false;
   if (g.family->nvtx_owner == &g) g.family->nvtx_owner = nullptr;
 }
