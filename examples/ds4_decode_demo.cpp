@@ -28,7 +28,7 @@
 // deterministic (--seed) and generated on the GPU.
 //
 // Without a CUDA device (or with --host) the same loop runs on the host backend: HostStream closures
-// call the CPU reference (ds4::ref) with N and M frozen at capture, on tiny shapes (SPEC.md 7.3:
+// call the CPU reference (ds4::ref) with N and M frozen at capture, on tiny shapes (docs/ds4_model.md §7.3:
 // W = 4, K = 8, max_model_len 512, H = 4). The first line says which.
 //
 // Exit code: 0 when every check passed, 1 when a check failed (or an error), 2 on bad usage.
@@ -226,7 +226,7 @@ bool check_inputs(const Shapes& sh, const Options& opt, bool gpu) {
 // Model, shapes, trace
 
 // Resolved shapes (defaults depend on the backend).
-// V4-Flash schedule (SPEC.md 1): layers 0, 1 SWA-only; then even layers C4, odd layers C128.
+// V4-Flash schedule (docs/ds4_model.md §1): layers 0, 1 SWA-only; then even layers C4, odd layers C128.
 int layer_ratio(int l) { return l < 2 ? 1 : (l % 2 == 0 ? 4 : 128); }
 int type_index(int ratio) { return ratio == 1 ? 0 : (ratio == 4 ? 1 : 2); }
 const char* type_name(int t) { return t == 0 ? "C1" : (t == 1 ? "C4" : "C128"); }
@@ -372,7 +372,7 @@ class CudaEngine final : public Engine {
     for (int l = 0; l < sh.layers; ++l) have[type_index(layer_ratio(l))] = true;
     const int B = sh.batch, H = sh.heads;
 
-    // One SWA cache (full history, SPEC.md 7.2) shared by every layer; block tables are a fixed
+    // One SWA cache (full history, docs/ds4_model.md §7.2) shared by every layer; block tables are a fixed
     // permutation of the physical blocks.
     swa_bpr_ = (sh.max_model_len + sh.swa_block_tokens - 1) / sh.swa_block_tokens;
     const int swa_blocks = B * swa_bpr_;
@@ -1183,11 +1183,11 @@ int main(int argc, char** argv) {
       machine = "host (CPU reference path, no GPU)";
       if (count > 0)
         std::printf("graphsafe ds4_decode_demo: --host given (%d CUDA device(s) present) -- host backend: the CPU "
-                    "reference path on tiny shapes (SPEC 7.3)\n",
+                    "reference path on tiny shapes\n",
                     count);
       else
         std::printf("graphsafe ds4_decode_demo: no CUDA device (cudaGetDeviceCount: %s) -- host backend: the CPU "
-                    "reference path on tiny shapes (SPEC 7.3)\n",
+                    "reference path on tiny shapes\n",
                     err == cudaSuccess ? "0 devices" : cudaGetErrorString(err));
     }
     Shapes sh;

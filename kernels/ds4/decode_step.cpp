@@ -66,7 +66,7 @@ StepSizes GatherDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindin
   const int r = cfg_.ratio;
   const int R = d.batch;
   const Symbol W = syms_.window;
-  // Needs, written in the symbols they depend on (SPEC.md 4.2 step 3).
+  // Needs, written in the symbols they depend on (docs/ds4_model.md §4.2 step 3).
   const Extent n_c = r > 1 ? max_over(syms_.seq_lens, [&](const Extent& l) { return floor_div(l, r); }) : Extent(0);
   const Extent g = max_over(syms_.seq_lens, [&](const Extent& l) { return min(l, Extent(W)); });
   const SizingPolicy& cmp_policy = compressed_rows_policy(sizing_);

@@ -5,7 +5,7 @@
 // combined indices b*M + ... . N and M become kernel arguments frozen by capture; the rows written
 // come from device lengths that keep growing. Here N and G are graphsafe dimensions (recorded and
 // guarded, "an offset is a request boundary") and the workspace, index buffers and split-K scratch
-// are graphsafe requests, so the policy decides (SPEC.md 4.4):
+// are graphsafe requests, so the policy decides (docs/ds4_model.md §4.4):
 //   Sizing::safe     -> N: capacity_bound (floor(max_model_len / r)), G: static_query_bound(W)
 //   Sizing::capacity -> capacity_bound for both (G: min(max_model_len, W) -- for one query token per
 //                       request this equals the static query bound; it differs once q_len > 1)
