@@ -157,7 +157,7 @@ else
   # is 0 for mbarriers made with inline PTX (the DS4 attention kernel's cluster-merge barriers): it
   # then warns "overflow of tracked cuda::barrier structures" and the launch fails. A larger table
   # makes it track them.
-  san_tool_args() { [ "$1" = synccheck ] && echo "--num-cuda-barriers 64"; true; }
+  san_tool_args() { [ "$1" = synccheck ] && echo "--num-cuda-barriers 1024"; true; }
   # One job per (tool, test); SANITIZE_JOBS of them at once (separate processes share the GPU fine).
   # Each job's count goes to $OUT/sanitizer_sweep.json: the tool's error count (ERROR SUMMARY;
   # racecheck: the errors of RACECHECK SUMMARY) less the "Program hit" API errors the test makes on
