@@ -163,6 +163,9 @@ void FreeList::give_back(Block* b, void* stream) {
   Block* n = next_in_slab(b);
   if (!mergeable(p)) p = nullptr;
   if (!mergeable(n)) n = nullptr;
+  // A ready block between blocks released on two different streams joins only one of them: a
+  // block carries one tag, and the other stream's bytes would lose their ordering.
+  if (p && n && p->stream && n->stream && p->stream != n->stream) n = nullptr;
   if (!p && !n) {
     insert_free(b);
     return;

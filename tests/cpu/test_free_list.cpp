@@ -107,6 +107,23 @@ TEST_CASE("free list: blocks released on different streams stay apart until thei
   CHECK(fl.validate().empty());
 }
 
+TEST_CASE("free list: a ready block between two streams' blocks joins only one of them", "[free_list][streams]") {
+  FreeList fl;
+  fl.add_slab(kBase, 3000);
+  Block* a = fl.take_best_fit(1000);
+  Block* b = fl.take_best_fit(1000);
+  Block* c = fl.take_best_fit(1000);
+  fl.give_back(a, kStreamA);
+  fl.give_back(c, kStreamB);
+  fl.give_back(b, nullptr);  // needs no ordering itself
+  // One block tagged A over all three would let a request wait on A only while B's work may still
+  // use the last 1000 bytes.
+  std::vector<std::pair<std::uint64_t, void*>> blocks;
+  fl.for_each_block([&](const auto&, const Block& x) { blocks.emplace_back(x.size, x.stream); });
+  CHECK(blocks == std::vector<std::pair<std::uint64_t, void*>>{{2000, kStreamA}, {1000, kStreamB}});
+  CHECK(fl.validate().empty());
+}
+
 TEST_CASE("free list: the exact-size cache serves the same stream and coalesces when flushed",
           "[free_list][cache]") {
   FreeList fl;
