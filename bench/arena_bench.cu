@@ -128,18 +128,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the records to this file");
   bool quick = false;
   app.add_flag("--quick", quick, "fewer samples (a smoke run)");
-  try {
-    app.parse(argc, argv);
-    if (!json_path.empty()) bench::check_writable(json_path);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "arena_bench: %s (--help lists the options)\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "arena_bench: --json: %s\n", e.what());
-    return 2;
-  }
+  if (const auto code = bench::parse_command_line(app, argc, argv, json_path)) return *code;
   if (quick) {
     cfg.samples = 21;
     cfg.batch = 200;

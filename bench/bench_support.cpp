@@ -1,5 +1,6 @@
 #include "bench_support.hpp"
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
@@ -20,6 +21,26 @@ nlohmann::ordered_json number(double v) {
   return std::strtod(buf, nullptr);
 }
 }  // namespace
+
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const std::string& json_path) {
+  const std::string name = app.get_name();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "%s: %s (--help lists the options)\n", name.c_str(), e.what());
+    return 2;
+  }
+  // Checked after parsing: json_path is bound to the --json option.
+  try {
+    if (!json_path.empty()) check_writable(json_path);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: --json: %s\n", name.c_str(), e.what());
+    return 2;
+  }
+  return std::nullopt;
+}
 
 std::string command_line(int argc, char** argv) {
   std::string c;

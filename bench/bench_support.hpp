@@ -11,6 +11,10 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}
+
 namespace graphsafe::bench {
 
 // One figure. Without a baseline (empty baseline_name) the JSON has null baseline_value and ratio;
@@ -32,6 +36,11 @@ std::string command_line(int argc, char** argv);
 // std::runtime_error naming the path when it cannot be written.
 void write_records(const std::string& path, const std::vector<Record>& records, const std::string& machine,
                    const std::string& command);
+
+// Parses argv into `app` and checks that `json_path` (when given) can be written. Returns the exit
+// code to leave with (0 after --help; 2 after a one-line error on stderr naming the program), or
+// nullopt to go on.
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const std::string& json_path);
 
 // Throws std::runtime_error naming the path unless it can be written (checked before a long run;
 // an existing file is left as it is).

@@ -274,18 +274,7 @@ int main(int argc, char** argv) {
   app.add_option("--types", types, "layer types, comma-separated")
       ->delimiter(',')
       ->check(CLI::IsMember({"c4", "c128", "c1"}));
-  try {
-    app.parse(argc, argv);
-    if (!json_path.empty()) bench::check_writable(json_path);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "ds4_attention_bench: %s (--help lists the options)\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ds4_attention_bench: --json: %s\n", e.what());
-    return 2;
-  }
+  if (const auto code = bench::parse_command_line(app, argc, argv, json_path)) return *code;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   const char* engine = std::getenv("GRAPHSAFE_DS4_ATTENTION");

@@ -102,7 +102,7 @@ double median_graph_us(cudaStream_t st, int reps, F&& enqueue) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"DS4 lightning indexer: scores + top-k per C4 layer against the physical bound"};
+  CLI::App app("ds4_indexer_bench: scores + top-k per C4 layer against the physical bound", "ds4_indexer_bench");
   std::string json_path;
   int layers = 8, batch = 64, topk = 512, max_len = 65536, reps = 20;
   app.add_option("--json", json_path, "write the records to this file");
@@ -111,8 +111,7 @@ int main(int argc, char** argv) {
   app.add_option("--topk", topk, "K")->check(CLI::Range(1, 4096));
   app.add_option("--max-len", max_len, "max_model_len (tokens)")->check(CLI::Range(4, 1 << 20));
   app.add_option("--reps", reps, "timed replays")->check(CLI::Range(1, 1000));
-  CLI11_PARSE(app, argc, argv);
-  if (!json_path.empty()) graphsafe::bench::check_writable(json_path);
+  if (const auto code = graphsafe::bench::parse_command_line(app, argc, argv, json_path)) return *code;
   const std::string command = graphsafe::bench::command_line(argc, argv);
 
   int dev_count = 0;

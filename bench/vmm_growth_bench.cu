@@ -330,18 +330,7 @@ int main(int argc, char** argv) {
   app.add_option("--print-every", print_every, "progress line every N steps")->check(CLI::Range(1, 10000000));
   bool quick = false;
   app.add_flag("--quick", quick, "2,000 steps (a smoke run)");
-  try {
-    app.parse(argc, argv);
-    if (!json_path.empty()) bench::check_writable(json_path);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "vmm_growth_bench: %s (--help lists the options)\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "vmm_growth_bench: --json: %s\n", e.what());
-    return 2;
-  }
+  if (const auto code = bench::parse_command_line(app, argc, argv, json_path)) return *code;
   if (quick) steps = 2000;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
