@@ -6,7 +6,9 @@
 #   errors listed below), then every benchmark in build/bench with --json. Logs and JSON go to $OUT. It
 #   keeps going past failures and exits non-zero if any step failed, a sanitizer job included.
 #   Needs: $OUT, .deps/catch2_*.deb, CUDA toolkit, Boost headers, and nlohmann-json and CLI11
-#   (installed, or .deps/nlohmann-json3-dev_*.deb and .deps/libcli11-dev_*.deb: `apt-get download`).
+#   (installed, or .deps/nlohmann-json3-dev_*.deb and .deps/libcli11-dev_*.deb: `apt-get download`);
+#   for the static-runtime CUPTI catalogue, Boost.Stacktrace (installed, or .deps/libboost1.74-dev_*.deb
+#   and .deps/libboost-stacktrace1.74*.deb).
 #
 #   OUT=/tmp/out bash bench/run_gpu_suite.sh
 #
@@ -66,7 +68,7 @@ else
 fi
 # Header-only build dependencies, unpacked from .deps/ when the machine lacks them (no network there).
 DEPS_PREFIX=""
-for deb in .deps/nlohmann-json3-dev_*.deb .deps/libcli11-dev_*.deb .deps/libboost-stacktrace*.deb; do
+for deb in .deps/nlohmann-json3-dev_*.deb .deps/libcli11-dev_*.deb .deps/libboost*.deb; do
   [ -f "$deb" ] && dpkg -x "$deb" /tmp/gsdeps && DEPS_PREFIX=/tmp/gsdeps/usr
 done
 # Boost.Stacktrace's backend for graphsafe_cupti's call sites, when it came from .deps/.
