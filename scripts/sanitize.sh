@@ -19,10 +19,12 @@ root="${SANITIZE_BUILD_ROOT:-.}"
 asan_dir="$root/build-asan" tsan_dir="$root/build-tsan" fuzz_dir="$root/build-fuzz"
 # DS4 on for its CPU reference and tests; only the targets named below are built, never its CUDA kernels.
 common=(-DGRAPHSAFE_BUILD_DS4=ON -DGRAPHSAFE_BUILD_BENCH=OFF -DGRAPHSAFE_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo)
-cpu_targets() {  # the CPU test executables of a configured build dir
-  ninja -C "$1" -t targets all | sed -n 's/^\(test_[a-z0-9_]*\): phony$/\1/p' | while read -r t; do
-    [[ -f "tests/cpu/$t.cpp" ]] && echo "$t"
-  done
+cpu_targets() {  # the CPU test executables of a configured build dir (tests/CMakeLists.txt: <dir>/tests/cpu)
+  ninja -C "$1" -t targets all | sed -n 's|^tests/cpu/\(test_[a-z0-9_]*\): CXX_EXECUTABLE_LINKER.*|\1|p' | sort -u
+}
+cpu_sources() {  # their sources: tests/<component>/<executable>.cpp (or tests/bench/)
+  local t
+  for t in $(cpu_targets "$1"); do find tests -name "$t.cpp" -not -path 'tests/fuzz/*'; done
 }
 die() { echo "sanitize.sh: error: $*" >&2; exit 1; }
 
@@ -43,11 +45,15 @@ untagged_threads() {
       if ((helpers || (uses && head == "")) && !file_tagged) print FILENAME ": starts threads, no [concurrency] test case"
     }' "$1"
 }
-untagged="$(for f in tests/cpu/*.cpp; do untagged_threads "$f"; done)"
-[[ -z "$untagged" ]] || die "these CPU tests start threads but are not tagged [concurrency], so TSan would not run them:
+check_threads_tagged() {  # $1: a configured build dir
+  local untagged f
+  untagged="$(for f in $(cpu_sources "$1"); do untagged_threads "$f"; done)"
+  [[ -z "$untagged" ]] || die "these CPU tests start threads but are not tagged [concurrency], so TSan would not run them:
 $untagged"
+}
 tsan_targets() {  # the CPU test executables with a [concurrency] test case
-  grep -l '\[concurrency\]' tests/cpu/*.cpp | sed 's|tests/cpu/\(.*\)\.cpp|\1|'
+  # shellcheck disable=SC2046
+  grep -l '\[concurrency\]' $(cpu_sources "$1") | sed 's|.*/\(.*\)\.cpp$|\1|'
 }
 
 # The fuzz stage's compiler, found first so that a machine without one fails before the long builds.
@@ -80,6 +86,8 @@ fi
 echo "== ASan + UBSan: ctest -L cpu"
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 gs_configure "$asan_dir" "${common[@]}" -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san"
+cpu_targets "$asan_dir" | grep -q . || die "no CPU test executables under $asan_dir/tests/cpu"
+check_threads_tagged "$asan_dir"
 # shellcheck disable=SC2046
 cmake --build "$asan_dir" -j "$jobs" --target $(cpu_targets "$asan_dir")
 ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:allocator_may_return_null=1" \
@@ -92,7 +100,7 @@ echo "== TSan: ctest -L concurrency"
 tsan="-fsanitize=thread -fno-omit-frame-pointer"
 gs_configure "$tsan_dir" "${common[@]}" -DCMAKE_CXX_FLAGS="$tsan" -DCMAKE_EXE_LINKER_FLAGS="$tsan"
 # shellcheck disable=SC2046
-cmake --build "$tsan_dir" -j "$jobs" --target $(tsan_targets) test_arena_model test_soak arena_fuzzer_replay
+cmake --build "$tsan_dir" -j "$jobs" --target $(tsan_targets "$tsan_dir") test_arena_model test_soak arena_fuzzer_replay
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
   ctest --test-dir "$tsan_dir" -L '^concurrency$' --no-tests=error --output-on-failure
 echo "== TSan: ctest -L async (the host backend's seeded mode)"

@@ -127,7 +127,7 @@ __device__ __forceinline__ std::uint32_t bf16x2_bits_mul(std::uint32_t a, __nv_b
 
 // 16 fp8 e4m3 values (one 16-byte chunk of a tile) * 2^(scale_byte - 127) -> 16 bf16 (lo: values
 // 0-7, hi: 8-15), bit-identical to the fp32 path it replaced (fp8 -> f16 -> f32 x scale -> bf16; kept
-// in tests/gpu/test_ds4_dequant.cu as a reference) for every finite byte (the quantizer saturates:
+// in tests/ds4/test_ds4_dequant.cu as a reference) for every finite byte (the quantizer saturates:
 // no NaN bytes). Why not the fp32 path: its fp8 -> f16 -> f32 -> bf16 chain is four instructions
 // of the conversion pipe per 4 values, 16 lanes/clock/SM on sm_90 -- the warp-specialized attention
 // kernel's producer was bound by it. Here: a byte permute, a shift and a mask place the bits,

@@ -19,7 +19,7 @@
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/reference.hpp>
 
-#include "ds4_test_support.hpp"
+#include "../support/ds4_test_support.hpp"
 
 #include <cmath>
 #include <cstdio>

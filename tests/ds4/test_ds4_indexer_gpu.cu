@@ -12,7 +12,7 @@
 #include <graphsafe/ds4/indexer_step.hpp>
 #include <graphsafe/ds4/reference.hpp>
 
-#include "ds4_test_support.hpp"
+#include "../support/ds4_test_support.hpp"
 
 #include <cmath>
 #include <cstring>

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "gpu_test_support.hpp"
+#include "../support/gpu_test_support.hpp"
 
 using namespace graphsafe;
 using graphsafe_test::DevBuf;

@@ -20,7 +20,7 @@
 #include <graphsafe/cupti.hpp>
 #include <graphsafe/graphsafe.hpp>
 
-#include "../../support/cuda_device.hpp"
+#include "../support/cuda_device.hpp"
 
 #include <cub/device/device_radix_sort.cuh>
 #include <thrust/execution_policy.h>

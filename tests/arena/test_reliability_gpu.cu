@@ -33,7 +33,7 @@
 #include <thread>
 #include <vector>
 
-#include "gpu_test_support.hpp"
+#include "../support/gpu_test_support.hpp"
 
 using namespace graphsafe;
 using namespace graphsafe_test;

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "../../support/cuda_device.hpp"  // header-only, CUDA runtime only: not graphsafe
+#include "../support/cuda_device.hpp"  // header-only, CUDA runtime only: not graphsafe
 
 __global__ void touch(int* p) { p[threadIdx.x] += 1; }
 

@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "gpu_test_support.hpp"
-#include "seed_kernels.cuh"
+#include "../support/gpu_test_support.hpp"
+#include "../support/seed_kernels.cuh"
 
 using namespace graphsafe;
 using namespace graphsafe_test;

@@ -5,7 +5,7 @@
 // arena and debug-mode GPU tests.
 #pragma once
 
-#include "../support/seed_model.hpp"
+#include "seed_model.hpp"
 
 #include <graphsafe/cuda_backend.hpp>
 
