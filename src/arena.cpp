@@ -50,6 +50,14 @@ void check_options(const ArenaOptions& o) {
                                  " exceeds the limit " + std::to_string(kMaxCanary) +
                                  " (1 GiB) for the guard region behind each workspace; a few hundred bytes catch "
                                  "overruns");
+  if (o.virtual_sharing != VirtualSharing::off && o.virtual_sharing != VirtualSharing::disjoint_lifetimes)
+    throw invalid_argument_error("graphsafe: ArenaOptions::virtual_sharing = " +
+                                 std::to_string(static_cast<int>(o.virtual_sharing)) +
+                                 " is not a VirtualSharing value (off = 0, disjoint_lifetimes = 1)");
+  if (o.virtual_sharing != VirtualSharing::off && !o.virtual_memory)
+    throw invalid_argument_error("graphsafe: ArenaOptions::virtual_sharing = disjoint_lifetimes needs "
+                                 "ArenaOptions::virtual_memory (physical chunks are shared between virtual ranges); "
+                                 "set virtual_memory or leave virtual_sharing off");
 }
 
 // ---- deferred releases: one parked block per thread and arena -----------------------------------
@@ -258,7 +266,7 @@ std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes,
                                                   "the family's largest bucket first so its region is sized by it")
                                     : "call arena.reserve(" + std::to_string(end) + ", stream) before capturing"));
   };
-  if (st.virt) [[unlikely]] {
+  if (st.virt && !virtual_shares(st)) [[unlikely]] {
     // Virtual growth keeps one address range per workspace (granule boundaries, virtual_commit.hpp).
     std::lock_guard g(lock);
     std::uint64_t offset = align_up(st.bump, std::max<std::uint64_t>(alignment, kAlignment));
@@ -276,13 +284,22 @@ std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes,
            backend.capture_ordered_after(Stream(static_cast<cudaStream_t>(stream)), b.release_position);
   };
   CapturePlanner::Choice c = st.planner.choose(taken, s.handle(), ordered, why_not != nullptr);
-  if (c.offset + bytes > st.limit) throw too_large(c.offset + bytes);
-  const std::uint64_t offset = c.offset;
+  std::uint64_t offset = c.offset;
+  if (st.virt) [[unlikely]] {
+    // Virtual sharing: the planner's offset is where the bytes lie physically; the workspace gets
+    // its own address range, mapped onto them (virtual_commit.hpp).
+    std::lock_guard g(lock);
+    offset = virtual_share_place(st, c.offset, bytes);
+    if (offset + bytes > st.limit) throw too_large(offset + bytes);
+    st.bump = offset + bytes;
+  } else if (c.offset + bytes > st.limit) {
+    throw too_large(c.offset + bytes);
+  }
   if (why_not) *why_not = std::move(c.why_not);
   const std::uint64_t id = taken ? next_block_serial.fetch_add(1, std::memory_order_relaxed) : 0;
   if (serial) *serial = id;
   if (taken) st.planner.commit(std::move(c), id, st.plan.entries().size(), std::string(name));
-  st.bump = std::max(st.bump, st.planner.region());
+  if (!st.virt) st.bump = std::max(st.bump, st.planner.region());
   return offset;
 }
 
@@ -311,12 +328,15 @@ void ArenaCore::release_captured(std::uint64_t serial, void* stream) noexcept {
 void ArenaCore::capture_planned(SessionState& st) {
   std::lock_guard g(st.planner_mutex);
   const CapturePlanner& p = st.planner;
-  st.plan.set_peak_live_bytes(st.virt ? align_up(st.bump, kAlignment) : p.clique_bound());
+  const bool own_ranges = st.virt && !virtual_shares(st);  // virtual growth without sharing: no reuse
+  st.plan.set_peak_live_bytes(own_ranges ? align_up(st.bump, kAlignment) : p.clique_bound());
+  if (st.virt && !own_ranges) st.plan.set_physical_bytes(align_up(p.region(), kAlignment));
   const auto& blocks = p.blocks();
   for (const PlannedBlock& b : blocks) {
     PlanEntry& e = st.plan.entry(b.entry);
     e.stream = b.stream;
     e.released = b.released;
+    e.physical_offset = b.offset;
   }
   // Entries whose range (guard included) another entry's range overlaps: debug canaries and NVTX
   // regions skip them (their bytes legitimately hold another workspace's data during a replay).
@@ -475,7 +495,7 @@ void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
       std::uint64_t serial = 0;
       {
         std::lock_guard g(owner->planner_mutex);
-        if (PlannedBlock* b = owner->planner.live_at(addr - owner->base)) {
+        if (PlannedBlock* b = owner->planner.live_at(virtual_planner_offset(*owner, addr - owner->base))) {
           const std::uint64_t held = b->bytes - guard_bytes;  // the range taken, 256-byte aligned
           if (bytes > held)
             throw invalid_argument_error("graphsafe: deallocate of " + std::to_string(bytes) + " bytes but the block at " +

@@ -5,7 +5,10 @@
 
 namespace graphsafe {
 
-void Plan::add(PlanEntry e) { entries_.push_back(std::move(e)); }
+void Plan::add(PlanEntry e) {
+  if (e.physical_offset == PlanEntry::kUnsetOffset) e.physical_offset = e.offset;
+  entries_.push_back(std::move(e));
+}
 
 void Plan::finalize() {
   guards_.clear();
@@ -105,12 +108,14 @@ void Plan::enforce(const Bindings& b) const {
 
 std::string Plan::report() const {
   std::ostringstream os;
-  os << "plan: " << entries_.size() << " requests, " << bytes_ << " bytes (peak live " << peak_live_ << "), "
-     << guards_.size() << " live guards\n";
+  os << "plan: " << entries_.size() << " requests, " << bytes_ << " bytes (peak live " << peak_live_ << "), ";
+  if (physical_set_) os << physical_ << " physical bytes (virtual sharing), ";
+  os << guards_.size() << " live guards\n";
   for (const auto& e : entries_) {
     os << "  " << (e.kind == PlanEntry::Kind::dimension ? "dim " : e.kind == PlanEntry::Kind::opaque ? "raw " : "ws  ")
-       << e.name << ": " << e.reserved << (e.kind == PlanEntry::Kind::opaque ? " bytes" : " elems") << " @+" << e.offset
-       << " [" << e.policy << (e.replay_safe ? ", replay-safe" : ", GUARDED") << "] " << e.note << " at " << e.site
+       << e.name << ": " << e.reserved << (e.kind == PlanEntry::Kind::opaque ? " bytes" : " elems") << " @+" << e.offset;
+    if (physical_set_) os << " (physical +" << e.physical_offset << ")";
+    os << " [" << e.policy << (e.replay_safe ? ", replay-safe" : ", GUARDED") << "] " << e.note << " at " << e.site
        << (e.reuses ? " (reuses a released range)" : "") << (e.released ? " (released in capture)" : "") << "\n";
   }
   for (const auto& f : findings_) os << "  finding: " << f.request << " at " << f.site << ": " << f.message << "\n";

@@ -86,13 +86,33 @@ std::uint64_t VirtualFamily::commit(std::uint64_t off, std::uint64_t len) {
       ++g;
       continue;
     }
+    if (is_shared(g)) {
+      // One granule showing a physical slot: the slot's chunk when it has one, else a new chunk.
+      const std::uint64_t s = slot_of[g] - 1;
+      std::uint64_t h;
+      if (slot_chunk[s]) {
+        h = slot_chunk[s] - 1;
+        vm->alias(base + g * granule, 1, &h);
+      } else {
+        vm->map(base + g * granule, 1, &h);
+        slot_chunk[s] = h + 1;
+        ++physical;
+      }
+      ++slot_maps[s];
+      chunk[g] = h + 1;
+      ++added;
+      ++mapped;
+      ++g;
+      continue;
+    }
     std::uint64_t e = g;
-    while (e < g1 && !chunk[e]) ++e;
+    while (e < g1 && !chunk[e] && !is_shared(e)) ++e;
     std::vector<std::uint64_t> handles(e - g);
     vm->map(base + g * granule, e - g, handles.data());  // all or nothing
     for (std::uint64_t i = g; i < e; ++i) chunk[i] = handles[i - g] + 1;
     added += e - g;
     mapped += e - g;
+    physical += e - g;
     g = e;
   }
   return added;
@@ -115,13 +135,25 @@ void VirtualFamily::unmap_except(const std::vector<bool>& keep) {
     }
     std::uint64_t e = g;
     std::vector<std::uint64_t> handles;
-    while (e < chunk.size() && chunk[e] && !(e < keep.size() && keep[e])) handles.push_back(chunk[e++] - 1);
+    const bool shared = is_shared(g);  // a shared granule is unmapped alone (its slot's count drops)
+    while (e < chunk.size() && chunk[e] && !(e < keep.size() && keep[e]) && is_shared(e) == shared &&
+           (!shared || e == g))
+      handles.push_back(chunk[e++] - 1);
     try {
       vm->unmap(base + g * granule, e - g, handles.data());
     } catch (...) {
       if (!first) first = std::current_exception();
     }
     for (std::uint64_t i = g; i < e; ++i) chunk[i] = 0;
+    if (shared) {
+      const std::uint64_t s = slot_of[g] - 1;
+      if (--slot_maps[s] == 0) {
+        slot_chunk[s] = 0;  // its last mapping is gone: the chunk went back to the pool
+        --physical;
+      }
+    } else {
+      physical -= e - g;
+    }
     mapped -= e - g;
     dropped += e - g;
     g = e;
@@ -131,6 +163,15 @@ void VirtualFamily::unmap_except(const std::vector<bool>& keep) {
     for (VirtualPlan* p : plans) p->guards_unmapped.store(true, std::memory_order_relaxed);
   }
   if (first) std::rethrow_exception(first);
+}
+
+void VirtualFamily::forget_slots(std::uint64_t first) {
+  if (first < slot_of.size()) slot_of.resize(first);
+  if (first == 0) {
+    slot_of.clear();
+    slot_chunk.clear();
+    slot_maps.clear();
+  }
 }
 
 // ---- VirtualPlan ---------------------------------------------------------------------------------
@@ -291,7 +332,7 @@ void VirtualPlan::commit_slow(const Bindings& b, bool full) {
   ++slow;
   if (full || epoch != ep) {
     epoch = 0;
-    for (auto [off, len] : gaps) f.commit(off, len);
+    for (auto [off, len] : gaps) f.commit(va_start + off, len);
     for (VirtualItem& it : items) commit_item(f, it, b);
     ElementEval ev(b);
     for (VirtualGate& gt : gates) {
@@ -330,7 +371,7 @@ bool VirtualPlan::mark_needed(const Bindings& b, std::vector<bool>& keep) const 
     for (std::uint64_t g = off / G; g < g1; ++g) mine[g] = true;
   };
   try {
-    for (auto [off, len] : gaps) mark(off, len);
+    for (auto [off, len] : gaps) mark(va_start + off, len);
     for (const VirtualItem& it : items) {
       if (it.bytes) mark(it.offset, 1);
       mark(it.offset + it.bytes, it.extra);
@@ -441,11 +482,17 @@ void virtual_begin_session(ArenaCore& core, SessionState& st) {
     f.capturing = false;
     throw;
   }
-  st.base = f.virt->base;
-  st.limit = f.virt->va_bytes;
-  st.bump = 0;
   st.virt = std::make_shared<VirtualPlan>();
   st.virt->fam = f.virt;
+  if (core.opts.virtual_sharing == VirtualSharing::disjoint_lifetimes) {
+    // The capture's ranges follow the family's earlier ones: a granule shows one slot.
+    std::lock_guard g(f.virt->m);
+    st.virt->shared = true;
+    st.virt->va_start = f.virt->va_next;
+  }
+  st.base = f.virt->base + st.virt->va_start;
+  st.limit = f.virt->va_bytes - st.virt->va_start;
+  st.bump = 0;
 }
 
 void virtual_end_session(ArenaCore& core, SessionState& st, bool success) {
@@ -474,12 +521,23 @@ void virtual_end_session(ArenaCore& core, SessionState& st, bool success) {
         vf.unmap_except({});
       } catch (...) {
       }
+      vf.forget_slots(0);
+      vf.va_next = 0;
+    } else if (p.shared) {
+      // Its own range (after the family's other graphs' ranges): unmapped, its slots forgotten.
+      const std::uint64_t first = p.va_start / vf.granule;
+      try {
+        vf.unmap_except(std::vector<bool>(first, true));
+      } catch (...) {
+      }
+      vf.forget_slots(first);
     }
     return;
   }
+  if (p.shared) vf.va_next = align_up(p.va_start + used, vf.granule);
   if (used > p.placed_to) p.gaps.emplace_back(p.placed_to, used - p.placed_to);
   try {
-    for (auto [off, len] : p.gaps) vf.commit(off, len);
+    for (auto [off, len] : p.gaps) vf.commit(p.va_start + off, len);
   } catch (...) {
     // The first replay commits everything again (and refuses to launch if it still cannot).
   }
@@ -500,7 +558,55 @@ std::uint64_t virtual_align(SessionState& st, std::uint64_t offset, std::uint64_
   return at;
 }
 
+bool virtual_shares(const SessionState& st) { return st.virt && st.virt->shared; }
+
+std::uint64_t virtual_share_place(SessionState& st, std::uint64_t phys, std::uint64_t bytes) {
+  VirtualPlan& p = *st.virt;
+  const std::uint64_t G = p.fam->granule;
+  // st.base is granule-aligned: a granule of its own, at phys's offset inside its granule.
+  const std::uint64_t at = align_up(st.bump, G) + phys % G;
+  if (p.placed_to >= st.bump) p.placed_to = std::max(p.placed_to, at);  // padding is nobody's gap
+  if (bytes) {
+    std::lock_guard g(p.phys_m);
+    p.phys_at.emplace_back(at, phys);
+  }
+  return at;
+}
+
+std::uint64_t virtual_planner_offset(SessionState& st, std::uint64_t va) {
+  if (!virtual_shares(st)) return va;
+  VirtualPlan& p = *st.virt;
+  std::lock_guard g(p.phys_m);
+  for (auto [at, phys] : p.phys_at)
+    if (at == va) return phys;
+  return ~std::uint64_t(0);  // no block of this capture starts there
+}
+
 namespace {
+// Sharing: the granules of `it` show the physical slots of its bytes (fam.m held).
+void assign_slots(SessionState& st, VirtualFamily& f, VirtualItem& it) {
+  VirtualPlan& p = *st.virt;
+  const std::uint64_t len = it.bytes + it.extra;
+  if (!p.shared || len == 0) return;
+  const std::uint64_t va = it.offset - p.va_start;
+  {
+    std::lock_guard g(p.phys_m);
+    auto at = std::find_if(p.phys_at.rbegin(), p.phys_at.rend(), [&](const auto& e) { return e.first == va; });
+    if (at == p.phys_at.rend()) return;  // not placed by the planner (cannot happen): a chunk of its own
+    it.phys = at->second;
+  }
+  const std::uint64_t G = f.granule;
+  const std::uint64_t g0 = it.offset / G, g1 = (it.offset + len - 1) / G + 1, s0 = it.phys / G;
+  if (f.slot_of.size() < g1) f.slot_of.resize(g1, 0);
+  const std::uint64_t slots = s0 + (g1 - g0);
+  if (f.slot_chunk.size() < slots) {
+    f.slot_chunk.resize(slots, 0);
+    f.slot_maps.resize(slots, 0);
+  }
+  for (std::uint64_t g = g0; g < g1; ++g)
+    if (!f.chunk.size() || g >= f.chunk.size() || !f.chunk[g]) f.slot_of[g] = s0 + (g - g0) + 1;
+}
+
 VirtualItem& new_item(SessionState& st, std::uint64_t offset, std::uint64_t bytes, std::uint64_t extra,
                       std::uint64_t element_bytes, std::string_view name) {
   VirtualPlan& p = *st.virt;
@@ -508,7 +614,7 @@ VirtualItem& new_item(SessionState& st, std::uint64_t offset, std::uint64_t byte
   p.placed_to = std::max(p.placed_to, offset + bytes + extra);
   VirtualItem& it = p.items.emplace_back();
   it.name = std::string(name);
-  it.offset = offset;
+  it.offset = p.va_start + offset;
   it.bytes = bytes;
   it.extra = extra;
   it.element_bytes = element_bytes;
@@ -550,7 +656,8 @@ void virtual_place(SessionState& st, std::uint64_t offset, std::uint64_t bytes, 
   // The capture-time need is mapped now (driver calls in relaxed capture mode: not in the graph).
   VirtualFamily& f = *p.fam;
   std::lock_guard g(f.m);
-  for (auto [off, len] : p.gaps) f.commit(off, len);
+  for (auto [off, len] : p.gaps) f.commit(p.va_start + off, len);
+  assign_slots(st, f, it);
   commit_item(f, it, b);
 }
 
@@ -561,7 +668,8 @@ void virtual_place_bytes(SessionState& st, std::uint64_t offset, std::uint64_t b
   it.fixed_bytes = bytes;
   VirtualFamily& f = *p.fam;
   std::lock_guard g(f.m);
-  for (auto [off, len] : p.gaps) f.commit(off, len);
+  for (auto [off, len] : p.gaps) f.commit(p.va_start + off, len);
+  assign_slots(st, f, it);
   commit_item(f, it, Bindings());
 }
 
@@ -580,6 +688,8 @@ void virtual_graph_destroyed(ArenaCore& core, Family& f) noexcept {
       vf.unmap_except({});
     } catch (...) {
     }
+    vf.forget_slots(0);  // the next capture's ranges start at the family's base again
+    vf.va_next = 0;
   }
 }
 
@@ -639,7 +749,7 @@ std::uint64_t Arena::committed_bytes() const {
   for (auto& w : core_->virt->families)
     if (auto f = w.lock(); f && f->virt) {
       std::lock_guard lk(f->virt->m);
-      total += f->virt->mapped * f->virt->granule;
+      total += f->virt->physical * f->virt->granule;
     }
   return total;
 }
@@ -668,7 +778,8 @@ VirtualGraphStats CapturedGraph::virtual_stats(const Bindings* b) const {
   st.granularity = p.fam->granule;
   {
     std::lock_guard lk(p.fam->m);
-    st.committed_bytes = p.fam->mapped * p.fam->granule;
+    st.committed_bytes = p.fam->physical * p.fam->granule;
+    st.mapped_bytes = p.fam->mapped * p.fam->granule;
   }
   st.workspaces = p.items.size();
   st.fast_commits = p.fast;

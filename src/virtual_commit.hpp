@@ -1,6 +1,25 @@
 // Virtual growth (ArenaOptions::virtual_memory): per-family address-space reservations, the commit
 // map of mapped granules, and each captured graph's footprints with the per-request thresholds
 // that make the replay path's check a few integer compares. docs/virtual_growth.md.
+//
+// Sharing (ArenaOptions::virtual_sharing = disjoint_lifetimes). The contract:
+// - Which workspaces share: the capture planner places every captured block (guard included) in a
+//   *physical* layout by the ordinary arena's in-capture reuse rule -- a released workspace's bytes
+//   go to a later request only when the graph orders every use of the old one before every use of
+//   the new one (same stream, or the new stream's capture dependencies reach the release). Blocks
+//   whose physical ranges overlap share bytes (PlanEntry::shares_bytes, physical_offset); nothing
+//   unproven (another stream without a join) ever shares. Two live workspaces never share a byte.
+// - Each workspace's address: its own virtual range, never another's. It starts in a granule of its
+//   own, at the same offset inside the granule as its physical offset (va = P mod G), so virtual
+//   granule g of the workspace shows physical slot (P + (g*G - va)) / G. A capture's ranges follow
+//   the family's earlier captures' ranges (plans do not overlap in address space, unlike without
+//   sharing); all captures of a family number their physical slots from 0, so the family's graphs,
+//   which never run concurrently, share slots as they share a region in the ordinary arena.
+// - Physical bytes: a slot's chunk is created (or taken from the pool) when the first granule
+//   showing it is mapped; further granules alias it (VirtualMemory::alias); it goes back to the pool
+//   when the last one is unmapped. So the family's physical commit follows the physical layout
+//   (Plan::physical_bytes, at least Plan::peak_live_bytes) while the mapped address space follows
+//   the sum of the footprints.
 #pragma once
 
 #include <graphsafe/bindings.hpp>
@@ -40,6 +59,13 @@ struct VirtualFamily {
   std::uint64_t mapped = 0;          // granules mapped
   std::atomic<std::uint64_t> epoch{1};  // bumped when anything is unmapped (thresholds go stale)
   std::vector<VirtualPlan*> plans;      // live graphs' plans
+  // Sharing (see the top of this file): per granule, the physical slot it shows + 1 (0: a chunk of
+  // its own); per slot, its chunk + 1 (0: none) and how many granules show it now.
+  std::vector<std::uint64_t> slot_of;
+  std::vector<std::uint64_t> slot_chunk;
+  std::vector<std::uint64_t> slot_maps;
+  std::uint64_t physical = 0;  // distinct chunks held (granules mapped, aliases counted once)
+  std::uint64_t va_next = 0;   // sharing: where the next capture's range starts (granule-aligned)
 
   ~VirtualFamily();
   // Under m. Map the granules covering [off, off + len) that are not mapped; returns how many.
@@ -52,6 +78,11 @@ struct VirtualFamily {
   std::uint64_t covered_end(std::uint64_t off, std::uint64_t limit) const;
   // Under m. Unmap every mapped granule for which keep[g] is false (keep may be shorter: false).
   void unmap_except(const std::vector<bool>& keep);
+  bool is_shared(std::uint64_t granule_index) const {
+    return granule_index < slot_of.size() && slot_of[granule_index] != 0;
+  }
+  // Under m. Forget the slots of granules from `first` on (all unmapped); everything when 0.
+  void forget_slots(std::uint64_t first);
 };
 
 struct VirtualItem {
@@ -59,6 +90,7 @@ struct VirtualItem {
   Kind kind = Kind::fixed;
   std::string name;
   std::uint64_t offset = 0;         // bytes from the family's base
+  std::uint64_t phys = 0;           // sharing: offset of its bytes in the plan's physical layout
   std::uint64_t bytes = 0;          // reserved bytes (the workspace)
   std::uint64_t extra = 0;          // bytes after it always mapped (debug mode's guard region)
   std::uint64_t element_bytes = 1;
@@ -96,6 +128,12 @@ struct VirtualPlan {
   std::vector<std::size_t> prefix_items;  // dynamic prefix items
   std::vector<std::pair<std::uint64_t, std::uint64_t>> gaps;  // placed bytes no item describes
   std::uint64_t placed_to = 0;   // end of the last item (gap tracking during capture)
+  // Sharing: the plan's items show physical slots (see the top of this file). Offsets handed to the
+  // hooks, placed_to and gaps are from the capture's base, which is the family's base + va_start.
+  bool shared = false;
+  std::uint64_t va_start = 0;
+  std::mutex phys_m;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> phys_at;  // (address offset, physical offset)
   std::uint64_t epoch = 0;       // family epoch the thresholds hold for (0: none yet)
   bool registered = false;
   std::uint64_t fast = 0, slow = 0, grew = 0;
@@ -173,6 +211,14 @@ struct VirtualRegistry {
 // one granule (docs/virtual_growth.md, "The target"). The padding is address space only: it is
 // never mapped. Called from ArenaCore::place_in_capture under the arena's lock.
 std::uint64_t virtual_align(SessionState& st, std::uint64_t offset, std::uint64_t bytes);
+// Virtual sharing: where a captured block the planner placed at physical offset `phys` goes in
+// the capture's address range (a granule of its own, at phys's offset inside its granule). Called
+// from ArenaCore::place_in_capture under the planner's and the arena's locks.
+std::uint64_t virtual_share_place(SessionState& st, std::uint64_t phys, std::uint64_t bytes);
+// The planner's (physical) offset of a block at address offset `va` of the capture (the same offset
+// without sharing).
+std::uint64_t virtual_planner_offset(SessionState& st, std::uint64_t va);
+bool virtual_shares(const SessionState& st);
 void virtual_begin_session(ArenaCore& core, SessionState& st);
 void virtual_end_session(ArenaCore& core, SessionState& st, bool success);
 void virtual_place(SessionState& st, std::uint64_t offset, std::uint64_t bytes, std::uint64_t extra,

@@ -61,6 +61,7 @@ void VirtualMemory::map(std::uintptr_t va, std::uint64_t count, std::uint64_t* c
         ++st_.pool_hits;
       }
       chunks[done] = c;
+      maps_[c] = 1;
       ++st_.chunks_mapped;
       ++st_.map_calls;
     }
@@ -69,6 +70,7 @@ void VirtualMemory::map(std::uintptr_t va, std::uint64_t count, std::uint64_t* c
     for (std::uint64_t i = 0; i < done; ++i) {
       ++st_.unmap_calls;
       --st_.chunks_mapped;
+      maps_.erase(chunks[i]);
       if (!do_unmap(va + i * granule_)) continue;  // never reuse a chunk that may still be mapped
       pool_.push_back(chunks[i]);
       ++st_.chunks_pooled;
@@ -77,16 +79,62 @@ void VirtualMemory::map(std::uintptr_t va, std::uint64_t count, std::uint64_t* c
   }
 }
 
+void VirtualMemory::alias(std::uintptr_t va, std::uint64_t count, const std::uint64_t* chunks) {
+  if (count == 0) return;
+  if (va % granule_ != 0)
+    throw invalid_argument_error("graphsafe: VirtualMemory::alias at an address that is not granule-aligned");
+  std::lock_guard g(m_);
+  for (std::uint64_t i = 0; i < count; ++i)
+    if (!maps_.contains(chunks[i]))
+      throw invalid_argument_error("graphsafe: VirtualMemory::alias of chunk " + std::to_string(chunks[i]) +
+                                   ", which is not mapped now; alias only chunks that map() returned and that are "
+                                   "still mapped somewhere");
+  std::uint64_t done = 0;
+  try {
+    for (; done < count; ++done) {
+      do_map(va + done * granule_, chunks[done]);
+      ++maps_[chunks[done]];
+      ++st_.alias_mapped;
+      ++st_.alias_calls;
+      ++st_.map_calls;
+    }
+    do_set_access(va, count * granule_);
+  } catch (...) {
+    for (std::uint64_t i = 0; i < done; ++i) {
+      ++st_.unmap_calls;
+      --st_.alias_mapped;
+      --maps_[chunks[i]];
+      if (!do_unmap(va + i * granule_)) leaked_.insert(chunks[i]);
+    }
+    throw;
+  }
+}
+
+std::uint64_t VirtualMemory::mappings(std::uint64_t chunk) const {
+  std::lock_guard g(m_);
+  const auto it = maps_.find(chunk);
+  return it == maps_.end() ? 0 : it->second;
+}
+
 void VirtualMemory::unmap(std::uintptr_t va, std::uint64_t count, const std::uint64_t* chunks) {
   std::lock_guard g(m_);
   std::uint64_t failed = 0;
   for (std::uint64_t i = 0; i < count; ++i) {
     ++st_.unmap_calls;
-    --st_.chunks_mapped;
-    if (!do_unmap(va + i * granule_)) {
+    const bool ok = do_unmap(va + i * granule_);
+    if (!ok) {
       ++failed;  // possibly still mapped: never reuse it (leaked rather than aliased)
+      leaked_.insert(chunks[i]);
+    }
+    const auto m = maps_.find(chunks[i]);
+    if (m != maps_.end() && m->second > 1) {  // still mapped at another address
+      --m->second;
+      --st_.alias_mapped;
       continue;
     }
+    if (m != maps_.end()) maps_.erase(m);
+    --st_.chunks_mapped;
+    if (leaked_.erase(chunks[i])) continue;
     pool_.push_back(chunks[i]);
     ++st_.chunks_pooled;
   }

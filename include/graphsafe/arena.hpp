@@ -44,6 +44,16 @@ bool debug_env_default() noexcept;  // GRAPHSAFE_DEBUG (graphsafe/debug.hpp)
 
 inline constexpr std::uint64_t kAlignment = 256;
 
+// Virtual growth: whether workspaces of one capture share physical memory (docs/virtual_growth.md,
+// "Sharing physical memory").
+enum class VirtualSharing : std::uint8_t {
+  off,  // every workspace has its own physical granules (the default)
+  // Workspaces whose lifetimes in the capture are disjoint -- proven by the ordering rules of the
+  // ordinary arena's in-capture reuse -- map the same physical chunks, each at its own addresses:
+  // physical commit follows the peak live bytes, addresses stay distinct.
+  disjoint_lifetimes,
+};
+
 struct ArenaOptions {
   // Minimum slab size when an eager request finds no room and the arena grows (1 .. 2^62; options
   // out of range are refused when the arena is made, with invalid_argument_error).
@@ -84,6 +94,9 @@ struct ArenaOptions {
   // unchanged. Empty (the default): the ordinary arena, at no cost.
   std::shared_ptr<VirtualMemory> virtual_memory;
   std::uint64_t virtual_reserve_bytes = 1ull << 40;
+  // Virtual growth: share physical chunks between workspaces with disjoint lifetimes (needs
+  // virtual_memory; refused without it). Off by default: see docs/virtual_growth.md for the cost.
+  VirtualSharing virtual_sharing = VirtualSharing::off;
 };
 
 struct ArenaStats {

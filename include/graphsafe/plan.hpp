@@ -27,6 +27,11 @@ struct PlanEntry {
   std::uint64_t element_bytes = 1;
   std::uint64_t bytes = 0;         // 0 for dimensions
   std::uint64_t offset = 0;        // from the start of the family's region
+  // Where its bytes lie in the plan's physical layout: `offset`, except under virtual sharing
+  // (ArenaOptions::virtual_sharing), where workspaces with disjoint lifetimes overlap physically
+  // while each keeps its own addresses (entries with overlapping physical ranges share bytes).
+  std::uint64_t physical_offset = kUnsetOffset;
+  static constexpr std::uint64_t kUnsetOffset = ~std::uint64_t(0);
   bool replay_safe = false;        // policy proved no replay within capacities needs more
   std::string note;                // policy's reason
   std::string site;                // file:line (function)
@@ -54,6 +59,10 @@ class Plan {
   // branches count together), guards and alignment included. bytes() / peak_live_bytes() is what
   // placement costs over the best any placement could do.
   std::uint64_t peak_live_bytes() const { return peak_live_; }
+  // Bytes of physical memory the plan's layout spans: bytes(), except under virtual sharing
+  // (ArenaOptions::virtual_sharing), where it is the physical layout's extent -- workspaces with
+  // disjoint lifetimes overlap in it -- and peak_live_bytes() is its lower bound.
+  std::uint64_t physical_bytes() const { return physical_set_ ? physical_ : bytes_; }
 
   // Guards that replays must pass; empty when every entry is replay-safe by construction.
   std::size_t guard_count() const { return guards_.size(); }
@@ -73,6 +82,10 @@ class Plan {
   void add_finding(CaptureFinding f) { findings_.push_back(std::move(f)); }
   void set_bytes(std::uint64_t b) { bytes_ = b; }
   void set_peak_live_bytes(std::uint64_t b) { peak_live_ = b; }
+  void set_physical_bytes(std::uint64_t b) {
+    physical_ = b;
+    physical_set_ = true;
+  }
   PlanEntry& entry(std::size_t i) { return entries_.at(i); }
   // Compile guards: entries whose policy proved them replay-safe are discharged (their guard is
   // implied by the bindings being within capacities); identical extents share one guard holding
@@ -98,6 +111,8 @@ class Plan {
   Bindings captured_;
   std::uint64_t bytes_ = 0;
   std::uint64_t peak_live_ = 0;
+  std::uint64_t physical_ = 0;
+  bool physical_set_ = false;
 };
 
 }  // namespace graphsafe

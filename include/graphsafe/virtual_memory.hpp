@@ -12,13 +12,17 @@
 // cuMemMap / cuMemSetAccess) and HostVirtualMemory (mmap PROT_NONE + a memfd whose pages are the
 // "physical chunks", mapped MAP_FIXED), so the arena's logic is tested on the CPU. A chunk is one
 // granule; unmapped chunks go back to the pool (their contents are not cleared) and are reused
-// before the driver is asked for a new one. Thread-safe.
+// before the driver is asked for a new one. A mapped chunk can be mapped again at another address
+// (alias()): the same physical bytes at two addresses, which ArenaOptions::virtual_sharing uses for
+// workspaces whose lifetimes in a capture are disjoint. Thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace graphsafe {
@@ -34,6 +38,8 @@ struct VirtualMemoryStats {
   std::uint64_t pool_hits = 0;         // maps served from the pool (no creation)
   std::uint64_t map_calls = 0;         // chunk maps
   std::uint64_t unmap_calls = 0;       // chunk unmaps
+  std::uint64_t alias_mapped = 0;      // extra mappings of mapped chunks now (alias())
+  std::uint64_t alias_calls = 0;       // chunk aliases ever made
   std::uint64_t physical_bytes() const { return (chunks_mapped + chunks_pooled) * granularity; }
 };
 
@@ -58,7 +64,15 @@ class VirtualMemory {
   void map(std::uintptr_t va, std::uint64_t count, std::uint64_t* chunks);
   // Unmap `count` chunks at va (mapped by map()); the chunks return to the pool. The caller makes
   // sure nothing uses the range (no replay in flight).
+  // A chunk returns to the pool when its last mapping (map() or alias()) is unmapped.
   void unmap(std::uintptr_t va, std::uint64_t count, const std::uint64_t* chunks);
+  // Map `count` chunks that are mapped now (by map() or alias()) at va, va + granularity, ... as
+  // well (va as for map()): writes through one address are seen through the other. All or nothing;
+  // throws invalid_argument_error naming the chunk when one is not mapped (pooled, released, or
+  // never made by this object).
+  void alias(std::uintptr_t va, std::uint64_t count, const std::uint64_t* chunks);
+  // How many addresses `chunk` is mapped at now (0: pooled or unknown).
+  std::uint64_t mappings(std::uint64_t chunk) const;
   // Give pooled (unmapped) chunks back to the driver, keeping `keep_chunks` of them.
   void trim_pool(std::uint64_t keep_chunks = 0);
 
@@ -81,6 +95,8 @@ class VirtualMemory {
   const std::uint64_t granule_;
   mutable std::mutex m_;
   std::vector<std::uint64_t> pool_;
+  std::unordered_map<std::uint64_t, std::uint64_t> maps_;  // mapped chunk -> addresses it is mapped at
+  std::unordered_set<std::uint64_t> leaked_;                // a failed unmap may have left it mapped
   VirtualMemoryStats st_;
 };
 
@@ -166,6 +182,9 @@ struct VirtualGraphStats {
   std::uint64_t reserved_bytes = 0;      // the plan's bytes: what a bound-sized region would hold
   std::uint64_t va_bytes = 0;            // the family's address-space reservation
   std::uint64_t committed_bytes = 0;     // physical bytes mapped in the family's range now
+  // Bytes of the family's range mapped now: committed_bytes, except under virtual sharing, where
+  // a chunk mapped at several addresses counts at each.
+  std::uint64_t mapped_bytes = 0;
   std::uint64_t granularity = 0;
   std::uint64_t workspaces = 0;          // captured requests with a footprint
   std::uint64_t fast_commits = 0;        // replays whose need was already mapped (a few compares)
