@@ -260,7 +260,7 @@ void HostVirtualMemory::do_map(std::uintptr_t va, std::uint64_t chunk) {
                    static_cast<off_t>(chunk * granularity()));
   if (p == MAP_FAILED) throw out_of_memory_error("graphsafe: host virtual memory map failed: " + errno_text());
   std::lock_guard g(mapped_m_);
-  mapped_.insert(std::lower_bound(mapped_.begin(), mapped_.end(), va), va);
+  mapped_[va] = chunk;
 }
 
 bool HostVirtualMemory::do_unmap(std::uintptr_t va) noexcept {
@@ -268,8 +268,7 @@ bool HostVirtualMemory::do_unmap(std::uintptr_t va) noexcept {
   void* p = ::mmap(reinterpret_cast<void*>(va), granularity(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
          -1, 0);
   std::lock_guard g(mapped_m_);
-  auto it = std::lower_bound(mapped_.begin(), mapped_.end(), va);
-  if (it != mapped_.end() && *it == va) mapped_.erase(it);
+  mapped_.erase(va);
   return p != MAP_FAILED;
 }
 
@@ -279,8 +278,15 @@ bool HostVirtualMemory::is_mapped(const void* p, std::uint64_t bytes) const {
   const std::uintptr_t first = a / granularity() * granularity();
   std::lock_guard g(mapped_m_);
   for (std::uintptr_t v = first; v < a + bytes; v += granularity())
-    if (!std::binary_search(mapped_.begin(), mapped_.end(), v)) return false;
+    if (!mapped_.contains(v)) return false;
   return true;
+}
+
+std::int64_t HostVirtualMemory::chunk_at(const void* p) const {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::lock_guard g(mapped_m_);
+  const auto it = mapped_.find(a / granularity() * granularity());
+  return it == mapped_.end() ? -1 : static_cast<std::int64_t>(it->second);
 }
 
 }  // namespace graphsafe

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string_view>
@@ -116,6 +117,9 @@ class HostVirtualMemory final : public VirtualMemory {
   std::string_view name() const override { return "host"; }
   // True when [p, p + bytes) is mapped (checked through mincore-free bookkeeping, for tests).
   bool is_mapped(const void* p, std::uint64_t bytes) const;
+  // The chunk mapped at p's granule, or -1 when none: where p's bytes physically are (chunk
+  // * granularity + p % granularity in the memfd), so tests can tell aliases from distinct memory.
+  std::int64_t chunk_at(const void* p) const;
 
  protected:
   std::uintptr_t do_reserve(std::uint64_t bytes) override;
@@ -133,7 +137,7 @@ class HostVirtualMemory final : public VirtualMemory {
   std::vector<std::uint64_t> free_slots_; // released chunk offsets, reused by do_create_chunk
   std::uint64_t live_chunks_ = 0;
   mutable std::mutex mapped_m_;
-  std::vector<std::uintptr_t> mapped_;    // sorted granule addresses mapped now
+  std::map<std::uintptr_t, std::uint64_t> mapped_;  // granule address mapped now -> its chunk
 };
 
 // ---- CUDA ------------------------------------------------------------------------------------------
