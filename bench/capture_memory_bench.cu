@@ -11,6 +11,8 @@
 // lengths, split-K scratch) -- each workspace used by a kernel and released when its
 // layer is done; four bucket graphs (64, 32, 16, 8, largest first) in one family, per policy.
 // Synthetic: a transformer-like step on two streams, a fork / join per layer, varied sizes.
+// Virtual: the same DS4 buckets in virtual-growth mode, with and without virtual sharing: physical
+// bytes committed against the plan's region (address space), its physical layout and peak live.
 //
 // JSON: an array of {"name","value","unit","baseline_name","baseline_value","ratio","machine","command"};
 // ratio = baseline_value / value, null without a baseline.
@@ -68,6 +70,9 @@ __global__ void touch_kernel(unsigned char* p, std::uint64_t n) {
 // Streams and their ordering, on either backend.
 struct Device {
   bool host = false;
+  // Virtual growth maps only the need (and a workspace's first granule) behind a bound-sized range:
+  // touch only the first byte there.
+  bool first_byte_only = false;
   std::unique_ptr<Backend> backend;
   std::vector<HostStream> hs;
   std::vector<cudaStream_t> cs;
@@ -89,10 +94,10 @@ struct Device {
     if (!w.bytes()) return;
     if (host) {
       void* p = w.data();
-      const std::uint64_t n = w.bytes();
+      const std::uint64_t n = first_byte_only ? 1 : w.bytes();
       hs[static_cast<std::size_t>(i)].launch([p, n] { std::memset(p, 0, n); });
     } else {
-      touch_kernel<<<1, 32, 0, cs[static_cast<std::size_t>(i)]>>>(w.as<unsigned char>(), w.bytes());
+      touch_kernel<<<1, 32, 0, cs[static_cast<std::size_t>(i)]>>>(w.as<unsigned char>(), first_byte_only ? 1 : w.bytes());
       GRAPHSAFE_CUDA(cudaGetLastError());
     }
   }
@@ -191,6 +196,50 @@ void synthetic_2stream(Arena& arena, Device& dev, const Bindings& b, int layers)
     mlp.reset();
     dev.join(1, 0);
   }
+}
+
+struct VirtualRun {
+  std::uint64_t committed = 0;  // physical bytes mapped after capturing and replaying every bucket
+  std::uint64_t mapped = 0;     // address space mapped (a chunk counts at each address)
+  std::uint64_t region = 0;     // largest plan's bytes (address space)
+  std::uint64_t physical = 0;   // largest plan's physical layout
+  std::uint64_t peak = 0;       // largest plan's peak live bytes
+};
+
+// The DS4 buckets captured in one virtual-growth family, each replayed once.
+VirtualRun run_virtual(Device& dev, const Options& opt, ds4::Sizing sizing, const ds4::LayerConfig (&cfg)[3],
+                       const ds4::Ds4Symbols& syms, const std::vector<Bindings>& bs, VirtualSharing sharing) {
+  std::shared_ptr<VirtualMemory> vm;
+  if (dev.host)
+    vm = std::make_shared<HostVirtualMemory>(HostVirtualMemoryOptions{.granularity = 2 << 20});
+  else
+    vm = std::make_shared<CudaVirtualMemory>();
+  ArenaOptions ao;
+  ao.report_findings = false;
+  ao.virtual_memory = vm;
+  ao.virtual_sharing = sharing;
+  Arena arena(*dev.backend, ao);
+  Ds4Step step(arena, dev, opt, sizing, cfg);
+  step.syms = syms;  // the symbols `bs` bind
+  CaptureFamily fam = arena.family("decode.virtual");
+  dev.first_byte_only = true;
+  VirtualRun r;
+  {
+    std::vector<CapturedGraph> graphs;
+    for (const Bindings& b : bs) {
+      graphs.push_back(capture(arena, dev.stream(0), b, step, {.family = fam}));
+      const Plan& p = graphs.back().plan();
+      r.region = std::max(r.region, p.bytes());
+      r.physical = std::max(r.physical, p.physical_bytes());
+      r.peak = std::max(r.peak, p.peak_live_bytes());
+    }
+    for (std::size_t i = 0; i < graphs.size(); ++i) graphs[i].replay(bs[i], dev.stream(0));
+    dev.backend->synchronize(dev.stream(0));
+    r.committed = arena.committed_bytes();
+    r.mapped = graphs.front().virtual_stats().mapped_bytes;
+  }
+  dev.first_byte_only = false;
+  return r;
 }
 
 std::string show(double bytes) {
@@ -322,6 +371,29 @@ int main(int argc, char** argv) {
       pattern = os.str();
     }
     graphs.clear();
+
+    // Virtual growth, the same buckets: physical commit with and without sharing.
+    const VirtualRun own = run_virtual(dev, opt, sizing, cfg, step.syms, bs, VirtualSharing::off);
+    const VirtualRun sh = run_virtual(dev, opt, sizing, cfg, step.syms, bs, VirtualSharing::disjoint_lifetimes);
+    std::printf("%-10s virtual: region %s, committed %s without sharing; shared: committed %s (mapped %s), "
+                "physical layout %s, peak live %s\n",
+                name, show(static_cast<double>(sh.region)).c_str(), show(static_cast<double>(own.committed)).c_str(),
+                show(static_cast<double>(sh.committed)).c_str(), show(static_cast<double>(sh.mapped)).c_str(),
+                show(static_cast<double>(sh.physical)).c_str(), show(static_cast<double>(sh.peak)).c_str());
+    const std::string v = p + "virtual_shared.";
+    recs.push_back({v + "physical_bytes", static_cast<double>(sh.committed), "B", v + "peak_live_bytes",
+                    static_cast<double>(sh.peak)});
+    recs.push_back({v + "physical_over_peak_live", static_cast<double>(sh.committed) / static_cast<double>(sh.peak), "x",
+                    "", std::nullopt});
+    recs.push_back({v + "peak_live_bytes", static_cast<double>(sh.peak), "B", "", std::nullopt});
+    recs.push_back({v + "physical_layout_bytes", static_cast<double>(sh.physical), "B", v + "peak_live_bytes",
+                    static_cast<double>(sh.peak)});
+    recs.push_back({v + "region_bytes", static_cast<double>(sh.region), "B", v + "physical_bytes",
+                    static_cast<double>(sh.committed)});
+    recs.push_back({v + "mapped_bytes", static_cast<double>(sh.mapped), "B", v + "physical_bytes",
+                    static_cast<double>(sh.committed)});
+    recs.push_back({p + "virtual_unshared.physical_bytes", static_cast<double>(own.committed), "B",
+                    v + "physical_bytes", static_cast<double>(sh.committed)});
   }
 
   {
