@@ -28,14 +28,14 @@ struct Fx {
   HostBackend backend;
   std::unique_ptr<Arena> arena;
   HostStream s;
-  explicit Fx(VirtualSharing sharing = VirtualSharing::disjoint_lifetimes) {
+  explicit Fx(VirtualSharing sharing = VirtualSharing::disjoint_lifetimes, bool debug = false) {
     vm = std::make_shared<HostVirtualMemory>(HostVirtualMemoryOptions{.granularity = kG});
     ArenaOptions o;
     o.virtual_memory = vm;
     o.virtual_reserve_bytes = 512ull << 20;
     o.virtual_sharing = sharing;
     o.report_findings = false;
-    o.debug = false;
+    o.debug = debug;
     arena = std::make_unique<Arena>(backend, o);
   }
 };
@@ -142,6 +142,19 @@ TEST_CASE("virtual sharing: disjoint lifetimes share physical chunks, each works
   const auto vs = g.virtual_stats();
   CHECK(vs.committed_bytes == 3 * kG);
   CHECK(vs.mapped_bytes == 8 * 3 * kG);
+}
+
+TEST_CASE("virtual sharing in debug mode: guards are part of the shared layout, no false overwrite is reported",
+          "[virtual_sharing]") {
+  Fx f(VirtualSharing::disjoint_lifetimes, /*debug=*/true);
+  Bindings b;
+  Layers step{*f.arena, f.s};
+  auto g = capture(*f.arena, f.s, b, [&](const Bindings& bb) { step(bb); });
+  // Each block carries its guard; the layout holds one layer and its guard.
+  CHECK(g.plan().physical_bytes() == 3 * kG + 256);
+  for (int r = 0; r < 3; ++r) g.replay(b, f.s);
+  CHECK(debug::check_canaries(g, f.s).empty());
+  for (int k = 1; k < 8; ++k) CHECK(step.seen[k] == 0x10 + k - 1);
 }
 
 TEST_CASE("virtual sharing off: the same layers commit one range each and read only their own bytes",
