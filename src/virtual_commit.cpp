@@ -604,7 +604,7 @@ void assign_slots(SessionState& st, VirtualFamily& f, VirtualItem& it) {
     f.slot_maps.resize(slots, 0);
   }
   for (std::uint64_t g = g0; g < g1; ++g)
-    if (!f.chunk.size() || g >= f.chunk.size() || !f.chunk[g]) f.slot_of[g] = s0 + (g - g0) + 1;
+    if (g >= f.chunk.size() || !f.chunk[g]) f.slot_of[g] = s0 + (g - g0) + 1;
 }
 
 VirtualItem& new_item(SessionState& st, std::uint64_t offset, std::uint64_t bytes, std::uint64_t extra,
