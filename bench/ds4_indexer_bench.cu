@@ -6,7 +6,8 @@
 // It also times the whole C4 decode step of one layer, as an engine runs it: indexer scores, top-k,
 // the paged index combine and the paged-direct attention (H = 64 query heads, W = 128) over distinct
 // per-layer attention caches, captured, ds4_C4_B64_H64_decode_step_us_per_layer. --torch-json (from
-// bench/torch_ds4_c4_step.py, run beside it) puts PyTorch's figure for the same step next to it.
+// bench/torch_ds4_c4_step.py, run beside it) puts PyTorch's figure for the same step next to it
+// (that record's ratio: PyTorch's time / ours; the other ratios: ours / the physical bound).
 //
 // `--layers` (default 8) layers with DISTINCT indexer caches (same block tables and lengths,
 // different bytes) so a sweep reads its keys from HBM, not L2. A CUDA Graph of the sweep is replayed
