@@ -117,13 +117,13 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
     abandon_session(st);
     throw;
   }
-  // The backend has instantiated the graph: from here a failure must destroy it and give back the
-  // region. Everything that may throw (allocations) runs before end_session hands the region to the
-  // family; a failure then is an abandoned capture.
   // Graphs of the family may have replayed on other streams while this one captured (begin ordered
   // the stream only after the replays before it): this graph's first replay must follow them. The
   // family's replays wait until this stream is recorded as its last.
   std::unique_lock serial(st.family->replay_mutex);
+  // The backend has instantiated the graph: from here a failure must destroy it and give back the
+  // region. Everything that may throw (allocations) runs before end_session hands the region to the
+  // family; a failure then is an abandoned capture.
   std::unique_ptr<GraphState> g;
   try {
     void* last;
