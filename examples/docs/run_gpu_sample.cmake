@@ -1,0 +1,26 @@
+# Runs a docs sample that needs a GPU (and the driver's libcuda): passes on exit 0, prints
+# "SKIPPED: no GPU" (CTest's SKIP_REGULAR_EXPRESSION) on exit 77 or when libcuda is missing on a
+# machine whose kernel knows no NVIDIA GPU; anything else fails. With -DREPORT=<json>, the sample's
+# graphsafe_cupti report must have been written there at exit.
+#   cmake -DEXE=<sample> [-DREPORT=<json>] -P run_gpu_sample.cmake
+if(REPORT)
+  file(REMOVE "${REPORT}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E env GRAPHSAFE_CUPTI_REPORT=${REPORT} ${EXE}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+set(no_libcuda FALSE)
+if("${err}" MATCHES "libcuda\\.so\\.1: cannot open shared object" AND NOT EXISTS /dev/nvidia0
+   AND NOT EXISTS /proc/driver/nvidia/gpus)
+  set(no_libcuda TRUE)
+endif()
+if(rc EQUAL 77 OR no_libcuda)
+  message("SKIPPED: no GPU")
+  return()
+endif()
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${EXE} exited with ${rc}")
+endif()
+if(REPORT AND NOT EXISTS "${REPORT}")
+  message(FATAL_ERROR "no report at ${REPORT}: graphsafe_cupti wrote nothing at exit")
+endif()
