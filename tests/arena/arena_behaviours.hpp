@@ -24,10 +24,13 @@
 
 #include <graphsafe/graphsafe.hpp>
 
+#include "../support/arena_checks.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #ifndef GRAPHSAFE_ARENA_ENVS
@@ -59,11 +62,14 @@ inline ArenaOptions growth_options(std::uint64_t growth_bytes) {
   return o;
 }
 
-// An arena on a fresh environment; members are destroyed arena first, then the streams and backend.
+// An arena on a fresh environment with `reserve_bytes` reserved on s (one slab; 0: none). Members
+// are destroyed arena first, then the streams and backend.
 template <class Env>
 struct ArenaOn {
-  explicit ArenaOn(ArenaOptions opts = plain_options())
-      : s(env.stream(0)), t(env.stream(1)), arena(env.backend(), opts) {}
+  explicit ArenaOn(std::uint64_t reserve_bytes, ArenaOptions opts = plain_options())
+      : s(env.stream(0)), t(env.stream(1)), arena(env.backend(), opts) {
+    if (reserve_bytes) arena.reserve(reserve_bytes, s);
+  }
 
   Env env;
   Stream s;
@@ -84,6 +90,17 @@ struct ArenaOn {
     const auto v = read(on, p, n);
     return std::all_of(v.begin(), v.end(), [&](std::uint8_t b) { return b == value; });
   }
+  // A graph of one workspace of `bytes` that it fills with `value` at every replay; `at` gets its address.
+  CapturedGraph filling_graph(std::uint64_t bytes, std::uint8_t value, void*& at, CaptureOptions opts = {}) {
+    return capture(
+        arena, s, Bindings{},
+        [&](const Bindings& bb) {
+          auto w = arena.request(s, "w", Extent(static_cast<std::int64_t>(bytes)), 1, capacity_bound, bb);
+          at = w.data();
+          env.fill(s, w.data(), w.bytes(), value);
+        },
+        std::move(opts));
+  }
 };
 
 inline bool overlaps(const void* a, std::uint64_t an, const void* b, std::uint64_t bn) {
@@ -96,8 +113,7 @@ inline bool overlaps(const void* a, std::uint64_t an, const void* b, std::uint64
 TEMPLATE_TEST_CASE("arena behaviour: a released workspace is served again to its size on its stream",
                    "[arena][behaviour]", GRAPHSAFE_ARENA_ENVS) {
   using namespace graphsafe_test::behaviours;
-  ArenaOn<TestType> a;
-  a.arena.reserve(4 * kMiB, a.s);
+  ArenaOn<TestType> a(4 * kMiB);
   void* first = nullptr;
   {
     auto w = a.eager(a.s, "w", 3000);
@@ -124,8 +140,7 @@ TEMPLATE_TEST_CASE("arena behaviour: a released workspace is served again to its
 TEMPLATE_TEST_CASE("arena behaviour: every workspace is 256-byte aligned and none overlaps another",
                    "[arena][behaviour]", GRAPHSAFE_ARENA_ENVS) {
   using namespace graphsafe_test::behaviours;
-  ArenaOn<TestType> a;
-  a.arena.reserve(4 * kMiB, a.s);
+  ArenaOn<TestType> a(4 * kMiB);
   const std::uint64_t sizes[] = {1, 255, 256, 257, 1000, 4097, 65535, 3};
   std::vector<Workspace> live;
   std::uint64_t held = 0;
@@ -160,8 +175,7 @@ TEMPLATE_TEST_CASE("arena behaviour: every workspace is 256-byte aligned and non
 TEMPLATE_TEST_CASE("arena behaviour: a block released on one stream is reused on another only after its work",
                    "[arena][behaviour][ordering]", GRAPHSAFE_ARENA_ENVS) {
   using namespace graphsafe_test::behaviours;
-  ArenaOn<TestType> a;
-  a.arena.reserve(2 * kMiB, a.s);
+  ArenaOn<TestType> a(2 * kMiB);
   void* first = nullptr;
   {
     auto w = a.eager(a.s, "on_s", 2 * kMiB);  // the whole slab: the next request must get these bytes
@@ -180,8 +194,7 @@ TEMPLATE_TEST_CASE("arena behaviour: a block released on one stream is reused on
 TEMPLATE_TEST_CASE("arena behaviour: a capture records every request in its plan and replays into it",
                    "[arena][behaviour][capture]", GRAPHSAFE_ARENA_ENVS) {
   using namespace graphsafe_test::behaviours;
-  ArenaOn<TestType> a;
-  a.arena.reserve(1 * kMiB, a.s);
+  ArenaOn<TestType> a(1 * kMiB);
   const Symbol n = Symbol::dynamic("n", /*capacity=*/1000);
   Bindings b;
   b.set(n, 10);
@@ -230,8 +243,7 @@ TEMPLATE_TEST_CASE("arena behaviour: a capture records every request in its plan
 TEMPLATE_TEST_CASE("arena behaviour: the guard refuses a replay that outgrew an exact capture, before launch",
                    "[arena][behaviour][guard]", GRAPHSAFE_ARENA_ENVS) {
   using namespace graphsafe_test::behaviours;
-  ArenaOn<TestType> a;
-  a.arena.reserve(1 * kMiB, a.s);
+  ArenaOn<TestType> a(1 * kMiB);
   const Symbol n = Symbol::dynamic("n", /*capacity=*/4096);
   Bindings b;
   b.set(n, 100);
@@ -277,8 +289,7 @@ TEMPLATE_TEST_CASE("arena behaviour: the guard refuses a replay that outgrew an 
 TEMPLATE_TEST_CASE("arena behaviour: a family's region is as large as its largest plan, not their sum",
                    "[arena][behaviour][family]", GRAPHSAFE_ARENA_ENVS) {
   using namespace graphsafe_test::behaviours;
-  ArenaOn<TestType> a;
-  a.arena.reserve(1 * kMiB, a.s);
+  ArenaOn<TestType> a(1 * kMiB);
   CaptureFamily fam = a.arena.family("buckets");
   CaptureOptions opts;
   opts.family = fam;
@@ -287,14 +298,7 @@ TEMPLATE_TEST_CASE("arena behaviour: a family's region is as large as its larges
   std::vector<void*> at;
   for (std::size_t g = 0; g < 3; ++g) {
     void* p = nullptr;
-    graphs.push_back(capture(
-        a.arena, a.s, Bindings{},
-        [&](const Bindings& bb) {
-          auto w = a.arena.request(a.s, "w", Extent(static_cast<std::int64_t>(sizes[g])), 1, capacity_bound, bb);
-          p = w.data();
-          a.env.fill(a.s, w.data(), w.bytes(), static_cast<std::uint8_t>(g + 1));
-        },
-        opts));
+    graphs.push_back(a.filling_graph(sizes[g], static_cast<std::uint8_t>(g + 1), p, opts));
     at.push_back(p);
   }
   const std::uint64_t largest = aligned(8 * kKiB + 1);  // 8448
@@ -322,14 +326,9 @@ TEMPLATE_TEST_CASE("arena behaviour: a family's region is as large as its larges
 TEMPLATE_TEST_CASE("arena behaviour: growth adds slabs and never moves what a graph saw",
                    "[arena][behaviour][growth]", GRAPHSAFE_ARENA_ENVS) {
   using namespace graphsafe_test::behaviours;
-  ArenaOn<TestType> a(growth_options(1 * kMiB));
-  a.arena.reserve(1 * kMiB, a.s);
+  ArenaOn<TestType> a(1 * kMiB, growth_options(1 * kMiB));
   void* p = nullptr;
-  auto graph = capture(a.arena, a.s, Bindings{}, [&](const Bindings& bb) {
-    auto w = a.arena.request(a.s, "w", Extent(static_cast<std::int64_t>(64 * kKiB)), 1, capacity_bound, bb);
-    p = w.data();
-    a.env.fill(a.s, w.data(), w.bytes(), 0x33);
-  });
+  auto graph = a.filling_graph(64 * kKiB, 0x33, p);
   REQUIRE(a.arena.stats().slabs == 1);
   // Eager work that does not fit the first slab's remainder: the arena grows, twice.
   std::vector<Workspace> more;
@@ -350,7 +349,7 @@ TEMPLATE_TEST_CASE("arena behaviour: growth adds slabs and never moves what a gr
 TEMPLATE_TEST_CASE("arena behaviour: trim returns fully free slabs to the backend and keeps the rest",
                    "[arena][behaviour][trim]", GRAPHSAFE_ARENA_ENVS) {
   using namespace graphsafe_test::behaviours;
-  ArenaOn<TestType> a(growth_options(1 * kMiB));
+  ArenaOn<TestType> a(0, growth_options(1 * kMiB));
   const std::uint64_t before = a.env.backend_bytes_in_use();
   a.arena.reserve(2 * kMiB, a.s);
   auto keep = a.eager(a.s, "keep", 1 * kMiB);
@@ -378,8 +377,7 @@ TEMPLATE_TEST_CASE("arena behaviour: trim returns fully free slabs to the backen
 TEMPLATE_TEST_CASE("arena behaviour: a workspace released during a capture gives its range to later requests",
                    "[arena][behaviour][capture]", GRAPHSAFE_ARENA_ENVS) {
   using namespace graphsafe_test::behaviours;
-  ArenaOn<TestType> a;
-  a.arena.reserve(1 * kMiB, a.s);
+  ArenaOn<TestType> a(1 * kMiB);
   void* first = nullptr;
   void* second = nullptr;
   void* small = nullptr;
@@ -407,33 +405,52 @@ TEMPLATE_TEST_CASE("arena behaviour: a workspace released during a capture gives
   CHECK(a.holds(a.s, small, 1000, 3));
 }
 
-TEMPLATE_TEST_CASE("arena behaviour: a capture that throws gives back everything and the stream captures again",
+TEMPLATE_TEST_CASE("arena behaviour: a failed or abandoned capture gives back everything and the stream captures again",
                    "[arena][behaviour][capture]", GRAPHSAFE_ARENA_ENVS) {
   using namespace graphsafe_test::behaviours;
-  ArenaOn<TestType> a;
-  a.arena.reserve(1 * kMiB, a.s);
+  ArenaOn<TestType> a(1 * kMiB);
   const ArenaStats before = a.arena.stats();
-  CHECK_THROWS_WITH(capture(a.arena, a.s, Bindings{},
-                            [&](const Bindings& bb) {
-                              auto w = a.arena.request(a.s, "w", Extent(4096), 1, capacity_bound, bb);
-                              a.env.fill(a.s, w.data(), w.bytes(), 9);
-                              throw std::runtime_error("thrown inside the capture");
-                            }),
-                    Catch::Contains("thrown inside the capture"));
-  const ArenaStats after = a.arena.stats();
-  CHECK(after.slab_bytes == before.slab_bytes);
-  CHECK(after.free_bytes == before.free_bytes);
-  CHECK(after.region_bytes == 0);
-  CHECK(after.families == 0);
-  CHECK(after.live_graphs == 0);
-  CHECK(after.active_captures == 0);
-  CHECK_FALSE(a.env.backend().capture_info(a.s).active);
-  void* p = nullptr;
-  auto graph = capture(a.arena, a.s, Bindings{}, [&](const Bindings& bb) {
+  auto step = [&](const Bindings& bb) {
     auto w = a.arena.request(a.s, "w", Extent(4096), 1, capacity_bound, bb);
-    p = w.data();
-    a.env.fill(a.s, w.data(), w.bytes(), 4);
-  });
+    a.env.fill(a.s, w.data(), w.bytes(), 9);
+    return w;
+  };
+  SECTION("an exception inside capture()") {
+    CHECK_THROWS_WITH(capture(a.arena, a.s, Bindings{},
+                              [&](const Bindings& bb) {
+                                auto w = step(bb);
+                                throw std::runtime_error("thrown inside the capture");
+                              }),
+                      Catch::Contains("thrown inside the capture"));
+  }
+  SECTION("a CaptureSession abandoned without finish()") {
+    CaptureSession session(a.arena, a.s, Bindings{});
+    auto w = step(Bindings{});
+    CHECK(w.captured());
+    CHECK(a.arena.stats().active_captures == 1);
+  }
+  SECTION("a policy refusal inside the capture") {
+    CHECK_THROWS_AS(capture(a.arena, a.s, Bindings{},
+                            [&](const Bindings& bb) {
+                              auto w = step(bb);
+                              // A dynamic symbol without a capacity: capacity_bound has no bound to use.
+                              const Symbol unbounded = Symbol::dynamic("unbounded_rows");
+                              Bindings more = bb;
+                              more.set(unbounded, 3);
+                              a.arena.request(a.s, "bad", Extent(unbounded), 4, capacity_bound, more);
+                            }),
+                    policy_refusal);
+  }
+  graphsafe_test::check_back_to_slabs(before, a.arena.stats());
+  CHECK_FALSE(a.env.backend().capture_info(a.s).active);
+  // The stream works eagerly, and captures again.
+  {
+    auto w = a.eager(a.s, "eager", 4096);
+    a.env.fill(a.s, w.data(), w.bytes(), 5);
+    CHECK(a.holds(a.s, w.data(), w.bytes(), 5));
+  }
+  void* p = nullptr;
+  auto graph = a.filling_graph(4096, 4, p);
   graph.replay(Bindings{}, a.s);
   CHECK(a.holds(a.s, p, 4096, 4));
 }

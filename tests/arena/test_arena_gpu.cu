@@ -7,10 +7,11 @@
 //   * workspace addresses are stable across replays (the kernel writes its ws pointer out)
 //   * a family of 8 bucket graphs reserves the largest plan, not the sum, and replays correctly
 //   * eager requests on another stream during a capture, outside the capture's region
-//   * a capture whose function throws releases everything; the stream is usable again
 //   * cuda::mr ArenaResource / thrust_allocator temporaries (CUB, Thrust sort) inside a capture
 //   * a stream forked into the capture: its requests land in the same plan
 //   * device memory flat after many capture/replay/destroy cycles
+// The arena's backend-independent contract (reuse, plans, guards, failed captures, trim, ...) runs
+// on the GPU as test_arena_behaviours_gpu (arena_behaviours.hpp).
 #include <graphsafe/cuda_mr.hpp>  // first: defines the CCCL experimental memory-resource macro
 
 #include <catch2/catch.hpp>
@@ -30,10 +31,10 @@
 #include <memory>
 #include <span>
 #include <random>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "../support/arena_checks.hpp"
 #include "../support/gpu_test_support.hpp"
 #include "../support/seed_kernels.cuh"
 
@@ -417,81 +418,6 @@ TEST_CASE_METHOD(GpuArena, "gpu: eager requests on another stream while a captur
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
 }
 
-TEST_CASE_METHOD(GpuArena, "gpu: a capture that throws releases everything and the stream is usable again", "[gpu][abort]") {
-  arena.reserve(8 << 20, s);
-  GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
-  const std::vector<int> lens = {5, 6};
-  DevBuf<int> d_lens(2);
-  DevBuf<std::int64_t> d_out(2 * kOutW);
-  d_lens.upload(lens, s);
-  const Bindings b = m.bind(lens);
-  const ArenaStats before = arena.stats();
-  auto same_as_before = [&] {
-    const ArenaStats st = arena.stats();
-    CHECK(st.slab_bytes == before.slab_bytes);
-    CHECK(st.slabs == before.slabs);
-    CHECK(st.free_bytes == before.free_bytes);
-    CHECK(st.largest_free == before.largest_free);
-    CHECK(st.eager_bytes == 0);
-    CHECK(st.eager_blocks == 0);
-    CHECK(st.region_bytes == 0);
-    CHECK(st.families == 0);
-    CHECK(st.live_graphs == 0);
-    CHECK(st.active_captures == 0);
-  };
-  auto not_capturing = [&] {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
-    GRAPHSAFE_CUDA(cudaStreamIsCapturing(s, &status));
-    CHECK(status == cudaStreamCaptureStatusNone);
-    CHECK(cudaGetLastError() == cudaSuccess);
-  };
-
-  SECTION("capture()") {
-    CHECK_THROWS_WITH(capture(arena, s, b,
-                              [&](const Bindings& bb) {
-                                arena_step(arena, s, m, bb, safe, d_lens.p, d_out.p);
-                                throw std::runtime_error("boom inside the capture");
-                              }),
-                      Catch::Contains("boom inside the capture"));
-  }
-  SECTION("CaptureSession abandoned without finish()") {
-    CaptureSession session(arena, s, b);
-    arena_step(arena, s, m, b, safe, d_lens.p, d_out.p);
-    CHECK(arena.stats().active_captures == 1);
-  }
-  SECTION("a policy refusal inside the capture") {
-    CHECK_THROWS_AS(capture(arena, s, b,
-                            [&](const Bindings& bb) {
-                              arena_step(arena, s, m, bb, safe, d_lens.p, d_out.p);
-                              // A dynamic symbol with no capacity: capacity_bound refuses.
-                              const Symbol unbounded = Symbol::dynamic("unbounded_rows");
-                              Bindings more = bb;
-                              more.set(unbounded, 3);
-                              arena.request(s, "bad", Extent(unbounded), 4, capacity_bound, more);
-                            }),
-                    policy_refusal);
-  }
-  not_capturing();
-  same_as_before();
-
-  // The stream works eagerly ...
-  d_out.fill_bytes(0, s);
-  {
-    arena_step(arena, s, m, b, Policies{exact_at_capture, exact_at_capture}, d_lens.p, d_out.p);
-  }
-  CHECK(d_out.download(s) == expected_flat(lens));
-  // ... and captures again.
-  auto graph = capture(arena, s, b, [&](const Bindings& bb) {
-    arena_step(arena, s, m, bb, safe, d_lens.p, d_out.p);
-  });
-  const std::vector<int> grown = {300, 400};
-  d_lens.upload(grown, s);
-  d_out.fill_bytes(0, s);
-  graph.replay(m.bind(grown), s);
-  CHECK(d_out.download(s) == expected_flat(grown));
-  GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
-}
-
 namespace {
 // Library code written against the concept: CUB's two-phase temp storage through any async resource.
 template <class R>
@@ -651,14 +577,7 @@ TEST_CASE_METHOD(GpuArena, "gpu: device memory stays flat over many capture/repl
   GRAPHSAFE_CUDA(cudaDeviceSynchronize());
   std::size_t free1 = 0;
   GRAPHSAFE_CUDA(cudaMemGetInfo(&free1, &total));
-  const ArenaStats st1 = arena.stats();
   INFO("cycles " << cycles << ", free before " << free0 << ", after " << free1);
   CHECK(free1 + (16ull << 20) >= free0);  // flat within 16 MiB (a leaked 1 MiB region per cycle would not be)
-  CHECK(st1.slab_bytes == st0.slab_bytes);
-  CHECK(st1.slabs == st0.slabs);
-  CHECK(st1.region_bytes == 0);
-  CHECK(st1.live_graphs == 0);
-  CHECK(st1.families == 0);
-  CHECK(st1.eager_blocks == 0);
-  CHECK(st1.free_bytes == st1.slab_bytes);
+  check_back_to_slabs(st0, arena.stats());
 }
