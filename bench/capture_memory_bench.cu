@@ -29,8 +29,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -213,6 +213,16 @@ int main(int argc, char** argv) {
   app.add_option("--sms", opt.sms, "SMs the split-K scratch is sized for (default: the device's)")
       ->check(CLI::Range(1, 4096));
   if (const auto code = bench::parse_command_line(app, argc, argv, opt.json)) return *code;
+  // The torch script's JSON ({"reserved_bytes": N, ...}), read before the run so a bad file stops it.
+  double torch_bytes = 0;
+  if (!opt.torch.empty()) {
+    try {
+      torch_bytes = bench::read_json_number(opt.torch, "reserved_bytes");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "capture_memory_bench: --torch: %s\n", e.what());
+      return 2;
+    }
+  }
   if (opt.host && max_len->count() == 0) opt.max_model_len = 8192;  // host memory is shared: lean shapes
   Device dev(opt.host);
   if (opt.sms == 0) opt.sms = opt.host ? 132 : ds4::cuda::device_sm_count();
@@ -331,20 +341,6 @@ int main(int argc, char** argv) {
     std::printf("pattern for bench/torch_capture_pool.py: %s\n", opt.pattern.c_str());
   }
   if (!opt.torch.empty()) {
-    std::ifstream f(opt.torch);
-    if (!f) {
-      std::fprintf(stderr, "capture_memory_bench: cannot read %s\n", opt.torch.c_str());
-      return 1;
-    }
-    // The torch script's JSON: {"reserved_bytes": N, ...}.
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const auto key = text.find("\"reserved_bytes\"");
-    const auto colon = key == std::string::npos ? key : text.find(':', key);
-    if (colon == std::string::npos) {
-      std::fprintf(stderr, "capture_memory_bench: %s has no \"reserved_bytes\"\n", opt.torch.c_str());
-      return 1;
-    }
-    const double torch_bytes = std::strtod(text.c_str() + colon + 1, nullptr);
     std::printf("PyTorch graph pool on the same pattern: %s reserved; graphsafe (safe): %s -> %.4fx\n",
                 show(torch_bytes).c_str(), show(static_cast<double>(safe_region)).c_str(),
                 static_cast<double>(safe_region) / torch_bytes);
