@@ -22,9 +22,17 @@ __global__ void spin_kernel(unsigned long long ns) {
 }
 }  // namespace
 
+// Slabs from the backend's pool even under GRAPHSAFE_DEBUG=1: the pool's own count is the
+// reference the trim behaviour checks.
+inline graphsafe::CudaBackendOptions pool_slabs() {
+  graphsafe::CudaBackendOptions o;
+  o.plain_allocations = false;
+  return o;
+}
+
 struct CudaArenaEnv {
   StreamHolder s0, s1;
-  graphsafe::CudaBackend cuda;
+  graphsafe::CudaBackend cuda{pool_slabs()};
 
   graphsafe::Backend& backend() { return cuda; }
   graphsafe::Stream stream(int i) { return i == 0 ? s0.s : s1.s; }
