@@ -6,11 +6,8 @@
 if(REPORT)
   file(REMOVE "${REPORT}")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} -E env GRAPHSAFE_CUPTI_REPORT=${REPORT} ${EXE}
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-message("${out}${err}")
-include(${CMAKE_CURRENT_LIST_DIR}/../../cmake/skip_without_gpu.cmake)
-graphsafe_skip_without_gpu("${rc}" "${err}")
+include(${CMAKE_CURRENT_LIST_DIR}/../../cmake/run_gpu_program.cmake)
+graphsafe_run_gpu_program(ENV GRAPHSAFE_CUPTI_REPORT=${REPORT} COMMAND ${EXE})
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "${EXE} exited with ${rc}")
 endif()
