@@ -181,6 +181,9 @@ struct AttentionCommon {
   std::uint16_t* out = nullptr;               // bf16 [B, H, 512]
   int splits = 1;
   void* scratch = nullptr;                    // sparse_attention_scratch_bytes(B, H, splits)
+  // Optional: the (max, sum) partials [B, splits, H, 2] fp32 in a buffer of their own; then `scratch`
+  // needs only the O partials [B, splits, H, 512] fp32. Null: both in `scratch`, O first.
+  void* scratch_ml = nullptr;
 };
 
 // (A) paged-direct: fp8 rows read through global slots from the two caches, dequantized in smem.
