@@ -134,7 +134,7 @@ def main():
     ]
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(recs, f, indent=2)
+            f.write("[\n" + ",\n".join("  " + json.dumps(r) for r in recs) + "\n]\n")  # one record per line
         print(f"wrote {len(recs)} records to {a.json}")
 
 
