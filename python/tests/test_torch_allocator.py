@@ -168,6 +168,11 @@ def test_torch_cuda_graph_takes_its_segments_from_the_arena():
     del y, g, pool
     gc.collect()
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    # torch gave every segment back once the graph and the pool were gone: the arena has them again.
+    st = gs.torch_allocator_stats(0)
+    assert st["bytes_in_use"] == 0 and st["failures"] == 0, st
+    assert arena.stats()["eager_bytes"] == 0
 
 
 def test_an_arena_capture_records_torchs_segments_with_python_lines_and_replays_right():
@@ -207,3 +212,7 @@ def test_an_arena_capture_records_torchs_segments_with_python_lines_and_replays_
     del y, h, graph, cap
     gc.collect()
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    st = gs.torch_allocator_stats(0)
+    assert st["bytes_in_use"] == 0 and st["failures"] == 0, st
+    assert arena.stats()["region_bytes"] == 0  # the graph's region went back when the graph died
