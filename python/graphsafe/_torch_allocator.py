@@ -36,6 +36,16 @@ def _allocator():
     return _pluggable
 
 
+def _skip_prefixes():
+    """Files whose frames are torch's or graphsafe's own, not the line that made torch allocate."""
+    import contextlib
+    import os
+
+    import torch
+
+    return [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(_C.__file__) + os.sep, contextlib.__file__]
+
+
 def _new_pool(device):
     import torch
 
@@ -53,7 +63,7 @@ def torch_mem_pool(arena, sites=True):
         raise _C.InvalidArgumentError(
             f"graphsafe: torch_mem_pool needs an arena on CudaBackend or TorchCudaBackend; this one is on the "
             f"'{arena.backend.name}' backend")
-    return _new_pool(_C._torch_allocator_register(arena, sites))
+    return _new_pool(_C._torch_allocator_register(arena, sites, _skip_prefixes()))
 
 
 def _capture_pool(device):

@@ -15,6 +15,7 @@
 #include "common.hpp"
 
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <Python.h>
 #include <frameobject.h>
@@ -27,6 +28,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace graphsafe::python {
 namespace {
@@ -46,6 +49,7 @@ struct Served {
   Arena* arena = nullptr;
   int device = -1;
   bool sites = true;
+  std::vector<std::string> skip;  // set at registration, read-only after
   cudaStream_t side = nullptr;  // eager segments asked for while torch captures
   std::map<std::uintptr_t, Segment> live;
   std::uint64_t allocs = 0, frees = 0, captured_allocs = 0, eager_allocs = 0, external_capture_allocs = 0;
@@ -63,14 +67,19 @@ std::shared_ptr<Served> served_for(int device) {
   return it == registry.end() ? nullptr : it->second;
 }
 
-bool skipped_frame(const char* file) {
-  const std::string f = file;
-  return f.find("/torch/") != std::string::npos || f.find("/graphsafe/") != std::string::npos ||
-         f.find("<frozen") != std::string::npos || f.find("contextlib.py") != std::string::npos;
+// Frames of these files (prefixes: torch's and graphsafe's package folders, contextlib) are not the
+// site: the site is the caller's line that made torch allocate.
+bool skipped_frame(const std::vector<std::string>& skip, const char* file) {
+  const std::string_view f = file;
+  if (f.starts_with("<frozen")) return true;
+  for (const std::string& p : skip)
+    if (f.starts_with(p)) return true;
+  return false;
 }
 
 // The Python stack of the calling thread (GIL held): fills the site and traceback of `seg`.
-void python_site(Segment& seg, unsigned& line, std::string& file, std::string& function) {
+void python_site(const std::vector<std::string>& skip, Segment& seg, unsigned& line, std::string& file,
+                 std::string& function) {
   PyFrameObject* f = PyEval_GetFrame();  // borrowed
   if (!f) return;
   nb::object frame = nb::borrow(reinterpret_cast<PyObject*>(f));
@@ -89,7 +98,7 @@ void python_site(Segment& seg, unsigned& line, std::string& file, std::string& f
     const int ln = PyFrame_GetLineNumber(fo);
     if (!seg.traceback.empty()) seg.traceback += " <- ";
     seg.traceback += std::string(fl) + ":" + std::to_string(ln) + " in " + fn;
-    if (!found && !skipped_frame(fl)) {
+    if (!found && !skipped_frame(skip, fl)) {
       found = true;
       file = fl;
       function = fn;
@@ -122,12 +131,12 @@ struct CallSite {
   std::string file = "<torch>", function = "<no Python frame>";
 };
 
-CallSite call_site(bool sites) {
+CallSite call_site(const Served& s) {
   CallSite c;
-  if (sites && Py_IsInitialized()) {
+  if (s.sites && Py_IsInitialized()) {
     // torch calls the allocator with the GIL released; the thread's frames are still there.
     PyGILState_STATE st = PyGILState_Ensure();
-    python_site(c.seg, c.line, c.file, c.function);
+    python_site(s.skip, c.seg, c.line, c.file, c.function);
     PyGILState_Release(st);
   }
   return c;
@@ -257,7 +266,7 @@ bool torch_allocator_serves(const Backend& b) {
 void bind_torch_allocator(nb::module_& m) {
   m.def(
       "_torch_allocator_register",
-      [](nb::handle arena, bool sites) {
+      [](nb::handle arena, bool sites, std::vector<std::string> skip) {
         Arena& a = nb::cast<Arena&>(arena);
         const int device = cuda_device_of(a.backend());
         std::lock_guard g(registry_mutex);
@@ -273,13 +282,15 @@ void bind_torch_allocator(nb::module_& m) {
           s->arena = &a;
           s->device = device;
           if (slot) s->side = slot->side;  // one side stream per device
+          s->sites = sites;
+          s->skip = std::move(skip);
           slot = s;
         }
-        slot->sites = sites;
         return device;
       },
-      "arena"_a, "sites"_a = true,
-      "Make `arena` the one the exported torch allocator symbols serve on its device; returns the device");
+      "arena"_a, "sites"_a = true, "skip"_a = std::vector<std::string>{},
+      "Make `arena` the one the exported torch allocator symbols serve on its device; returns the device. "
+      "`skip`: file prefixes whose frames are not a segment's site (torch's and graphsafe's own)");
   m.def(
       "torch_allocator_stats",
       [](nb::handle device) -> nb::object {
@@ -310,7 +321,7 @@ extern "C" __attribute__((visibility("default"))) void* graphsafe_torch_alloc(ss
   using namespace graphsafe::python;
   auto s = served_for(device);
   if (!s) return nullptr;
-  CallSite site = call_site(s->sites);
+  CallSite site = call_site(*s);
   std::lock_guard g(registry_mutex);
   try {
     if (size < 0) throw graphsafe::invalid_argument_error("graphsafe: torch asked for " + std::to_string(size) + " bytes");
