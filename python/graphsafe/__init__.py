@@ -52,6 +52,7 @@ from ._graphsafe import (  # noqa: F401
     SizingPolicy,
     StaticQueryBound,
     Symbol,
+    TorchCudaBackend,
     UnboundSymbolError,
     Workspace,
     capacity_bound,

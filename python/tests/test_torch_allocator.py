@@ -155,7 +155,7 @@ def test_torch_cuda_graph_takes_its_segments_from_the_arena():
     torch.cuda.current_stream().wait_stream(side)
     before = gs.torch_allocator_stats(0)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, pool=pool.id):
+    with torch.cuda.graph(g, pool=pool.id, stream=side):  # the warmed-up stream (cuBLAS workspace)
         y = (x @ w).relu() * 2
     st = gs.torch_allocator_stats(0)
     assert st["failures"] == 0, st["last_error"]
