@@ -851,13 +851,15 @@ PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const
 
   // ---- capture: one graph per bucket, largest first, one family --------------------------------
   CaptureFamily family = arena.family("decode");
+  CaptureOptions family_only;
+  family_only.family = family;
   // What the family will need, before any memory is taken (planning captures: nothing launches).
   // The captures below follow the placement it found.
   for (int bi = nb - 1; bi >= 0; --bi) {
     const int R = sh.buckets[bi];
     const CaptureEstimate e =
         estimate(arena, s, syms.bind(R, cfg, trace.bucket_lens(R, R)),
-                 [&eng, bi](const Bindings& bb) { eng.run_layers(bi, bb, true); }, CaptureOptions{.family = family});
+                 [&eng, bi](const Bindings& bb) { eng.run_layers(bi, bb, true); }, family_only);
     res.estimate_bytes = std::max(res.estimate_bytes, e.region_bytes);
   }
   // Re-captures at larger buckets (the exact policy) may need more than the estimate: keep room.
