@@ -8,6 +8,9 @@ namespace graphsafe {
 
 void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
   if (err == cudaSuccess) return;
+  // The exception reports the error: clear it from the thread's last error, where the next
+  // launch check of other code (PyTorch's) would find it and fail in its place.
+  cudaGetLastError();
   std::string f = file;
   if (auto slash = f.find_last_of('/'); slash != std::string::npos) f = f.substr(slash + 1);
   const std::string msg = std::string("graphsafe: CUDA call failed: ") + call + " -> " + cudaGetErrorName(err) + " (" +
@@ -217,6 +220,10 @@ void CudaBackend::launch(const GraphHandle& g, Stream s) {
 }
 
 void CudaBackend::destroy(GraphHandle& g) noexcept {
+  // A graph may die while this thread captures another (Python drops the old graph when
+  // `with arena.capture(b) as cap:` rebinds `cap`): in global mode the destroy would invalidate
+  // that capture.
+  RelaxedMode relaxed;
   if (g.exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g.exec));
   if (g.graph) cudaGraphDestroy(static_cast<cudaGraph_t>(g.graph));
   g = {};
