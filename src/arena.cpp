@@ -279,6 +279,8 @@ std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes,
   if (c.offset + bytes > st.limit) throw too_large(c.offset + bytes);
   const std::uint64_t offset = c.offset;
   if (why_not) *why_not = std::move(c.why_not);
+  // Debug mode: where the request sits in the capture, for the graph audit at instantiation.
+  if (why_not) c.request_known = backend.capture_dependencies(s, c.request_position);
   const std::uint64_t id = taken ? next_block_serial.fetch_add(1, std::memory_order_relaxed) : 0;
   if (serial) *serial = id;
   if (taken) st.planner.commit(std::move(c), id, st.plan.entries().size(), std::string(name));

@@ -11,6 +11,7 @@ namespace graphsafe {
 // Backends that cannot tell how a capture's nodes are ordered: no reuse across streams.
 bool Backend::capture_dependencies(Stream, std::vector<const void*>&) const { return false; }
 bool Backend::capture_ordered_after(Stream, const std::vector<const void*>& before) const { return before.empty(); }
+bool Backend::graph_topology(const GraphHandle&, GraphTopology&) const { return false; }
 
 namespace detail {
 
@@ -139,6 +140,8 @@ void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, s
   b.entry = entry;
   b.name = std::move(name);
   b.ordered_before = std::move(c.ordered);
+  b.request_known = c.request_known;
+  b.request_position = std::move(c.request_position);
   region_ = std::max(region_, c.offset + c.bytes);
   peak_ = std::max(peak_, c.clique);
   if (serial) by_serial_[serial] = static_cast<std::uint32_t>(n);

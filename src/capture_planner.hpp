@@ -46,6 +46,9 @@ struct PlannedBlock {
   // Streams proven to follow the release: a stream's capture dependencies only move forward, so
   // the backend is asked once per (released block, stream).
   std::vector<void*> ordered_streams;
+  // Debug mode: the requesting stream's capture dependencies at the request (the graph audit).
+  bool request_known = false;
+  std::vector<const void*> request_position;
 };
 
 // One offset per block, in request order: a placement a later capture of the same function follows.
@@ -68,6 +71,8 @@ class CapturePlanner {
     std::uint64_t clique = 0;            // lower bound at this request
     std::string why_not;                 // explain: released ranges this request could not prove safe to reuse
     bool reused = false;                 // lies (partly) over a released block's range
+    bool request_known = false;          // debug mode: set by the caller before commit
+    std::vector<const void*> request_position;
   };
   // Where a request of `bytes` (aligned, guard included) on `stream` goes. Follows `proposals`
   // (layouts of earlier captures) when one fits this capture's conflicts.

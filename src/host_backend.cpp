@@ -307,6 +307,7 @@ std::atomic<std::uint64_t> next_capture_id{1};
 // An instantiated host graph: the capture's nodes in one topological order.
 struct HostGraph {
   std::vector<HostWork> work;
+  std::vector<std::vector<std::uint32_t>> deps;  // per captured node (capture order): graph_topology
 };
 
 // Kahn's algorithm taking the most recently captured ready node first: concurrent branches run in
@@ -489,6 +490,8 @@ GraphHandle HostBackend::end_capture(Stream s) {
   }
   auto* g = new HostGraph;
   for (std::uint32_t i : replay_order(c)) g->work.push_back(std::move(c.nodes[i].work));
+  g->deps.reserve(c.nodes.size());
+  for (auto& node : c.nodes) g->deps.push_back(std::move(node.deps));
   abort_capture(s);  // detaches the streams; the nodes' work has moved to the graph
   return {g, g};
 }
@@ -533,6 +536,20 @@ bool HostBackend::capture_ordered_after(Stream s, const std::vector<const void*>
   for (std::uint32_t t : targets)
     if (t >= h.capture_->nodes.size()) return false;  // a node of another capture: unproven
   return h.capture_->reaches(h.deps_, std::move(targets));
+}
+
+bool HostBackend::graph_topology(const GraphHandle& g, GraphTopology& out) const {
+  const auto* graph = static_cast<const HostGraph*>(g.exec);
+  if (!graph) return false;
+  // Node handles as capture_dependencies gives them: index + 1.
+  auto handle = [](std::uint32_t n) { return reinterpret_cast<const void*>(static_cast<std::uintptr_t>(n) + 1); };
+  out.nodes.clear();
+  out.edges.clear();
+  for (std::uint32_t n = 0; n < graph->deps.size(); ++n) {
+    out.nodes.push_back(handle(n));
+    for (std::uint32_t d : graph->deps[n]) out.edges.emplace_back(handle(d), handle(n));
+  }
+  return true;
 }
 
 void HostBackend::launch(const GraphHandle& g, Stream s) {
