@@ -322,16 +322,12 @@ void ArenaCore::capture_planned(SessionState& st) {
   }
   // Entries whose range (guard included) another entry's range overlaps: debug canaries and NVTX
   // regions skip them (their bytes legitimately hold another workspace's data during a replay).
-  for (std::size_t i = 0; i < blocks.size(); ++i)
-    for (std::size_t j = 0; j < blocks.size(); ++j) {
-      if (i == j) continue;
-      const PlannedBlock& a = blocks[i];
-      const PlannedBlock& o = blocks[j];
-      if (a.offset < o.offset + o.bytes && o.offset < a.offset + a.bytes) {
-        st.plan.entry(a.entry).shares_bytes = true;
-        if (j < i) st.plan.entry(a.entry).reuses = true;
-      }
-    }
+  std::vector<char> shares, reuses;
+  p.sharing(shares, reuses);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    st.plan.entry(blocks[i].entry).shares_bytes = shares[i];
+    st.plan.entry(blocks[i].entry).reuses = reuses[i];
+  }
   if (st.virt || blocks.empty()) return;
   auto best = std::make_shared<const PackedLayout>(p.best());
   std::lock_guard lk(lock);

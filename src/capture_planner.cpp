@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <numeric>
 
 namespace graphsafe {
@@ -42,8 +43,14 @@ std::uint64_t first_fit_offset(std::vector<std::pair<std::uint64_t, std::uint64_
 
 bool CapturePlanner::conflict(std::uint32_t a, std::uint32_t b) const {
   if (a > b) std::swap(a, b);
-  const auto& ob = blocks_[b].ordered_before;
-  return !std::binary_search(ob.begin(), ob.end(), a);
+  const auto& cb = blocks_[b].conflicts_before;
+  return std::binary_search(cb.begin(), cb.end(), a);
+}
+
+const CapturePlanner::StreamView* CapturePlanner::view(void* stream) const {
+  for (const StreamView& v : streams_)
+    if (v.stream == stream) return &v;
+  return nullptr;
 }
 
 namespace {
@@ -62,18 +69,23 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
   Choice c;
   c.bytes = bytes;
   c.stream = stream;
-  std::vector<std::uint32_t> live, unordered;
-  for (std::uint32_t i = 0; i < blocks_.size(); ++i) {
-    const PlannedBlock& b = blocks_[i];
-    if (!b.released)
-      live.push_back(i);
-    else if (b.release_stream == stream ||
-             std::find(b.ordered_streams.begin(), b.ordered_streams.end(), stream) != b.ordered_streams.end() ||
-             ordered(stream, b))
+  // Released blocks this stream has not yet been proven to follow: its pending list, or for a
+  // stream new to the capture every block released on another stream.
+  std::vector<std::uint32_t> fresh;
+  const StreamView* v = view(stream);
+  if (!v)
+    for (std::uint32_t i = 0; i < blocks_.size(); ++i)
+      if (blocks_[i].released && blocks_[i].release_stream != stream) fresh.push_back(i);
+  const std::vector<std::uint32_t>& pending = v ? v->pending : fresh;
+  const std::vector<std::uint32_t>& live = live_;
+  std::vector<std::uint32_t> unordered;
+  for (std::uint32_t i : pending) {
+    if (ordered(stream, blocks_[i]))
       c.ordered.push_back(i);
     else
       unordered.push_back(i);
   }
+  std::sort(unordered.begin(), unordered.end());  // request order, whatever order they were released in
   // Lower bound: the live blocks conflict pairwise and with this request (none was released before
   // the others' requests); add unordered released blocks, largest first, that conflict with all.
   std::vector<std::uint32_t> clique = live;
@@ -104,8 +116,9 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
     }
   }
   if (!proposed) c.offset = best_fit(taken, bytes);
-  for (std::uint32_t i : c.ordered)
-    if (overlaps(c.offset, bytes, blocks_[i].offset, blocks_[i].bytes)) c.reused = true;
+  c.conflicts = live;
+  c.conflicts.insert(c.conflicts.end(), unordered.begin(), unordered.end());
+  std::sort(c.conflicts.begin(), c.conflicts.end());
   if (explain && c.offset + bytes > region_) {
     // The region grows: say which released ranges could have held it but were not proven ordered.
     for (std::uint32_t i : unordered) {
@@ -128,9 +141,21 @@ void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, s
     const PackedLayout& l = *proposals_[p];
     following_[p] = following_[p] && n < l.bytes.size() && l.bytes[n] == c.bytes && l.offsets[n] == c.offset;
   }
-  for (std::uint32_t i : c.ordered) {
-    auto& os = blocks_[i].ordered_streams;
-    if (std::find(os.begin(), os.end(), c.stream) == os.end()) os.push_back(c.stream);
+  // This stream now follows the blocks proven ordered: they leave its pending list for good.
+  StreamView* v = nullptr;
+  for (StreamView& x : streams_)
+    if (x.stream == c.stream) v = &x;
+  if (!v) {
+    StreamView fresh;
+    fresh.stream = c.stream;
+    for (std::uint32_t i = 0; i < blocks_.size(); ++i)
+      if (blocks_[i].released && blocks_[i].release_stream != c.stream) fresh.pending.push_back(i);
+    streams_.push_back(std::move(fresh));
+    v = &streams_.back();
+  }
+  if (!c.ordered.empty()) {
+    std::sort(c.ordered.begin(), c.ordered.end());
+    std::erase_if(v->pending, [&](std::uint32_t i) { return std::binary_search(c.ordered.begin(), c.ordered.end(), i); });
   }
   PlannedBlock b;
   b.serial = serial;
@@ -139,12 +164,13 @@ void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, s
   b.stream = c.stream;
   b.entry = entry;
   b.name = std::move(name);
-  b.ordered_before = std::move(c.ordered);
+  b.conflicts_before = std::move(c.conflicts);
   b.request_known = c.request_known;
   b.request_position = std::move(c.request_position);
   region_ = std::max(region_, c.offset + c.bytes);
   peak_ = std::max(peak_, c.clique);
   if (serial) by_serial_[serial] = static_cast<std::uint32_t>(n);
+  live_.push_back(static_cast<std::uint32_t>(n));
   blocks_.push_back(std::move(b));
 }
 
@@ -154,8 +180,8 @@ PlannedBlock* CapturePlanner::live(std::uint64_t serial) {
 }
 
 PlannedBlock* CapturePlanner::live_at(std::uint64_t offset) {
-  for (auto& b : blocks_)
-    if (!b.released && b.offset == offset && b.bytes) return &b;
+  for (std::uint32_t i : live_)
+    if (blocks_[i].offset == offset && blocks_[i].bytes) return &blocks_[i];
   return nullptr;
 }
 
@@ -165,6 +191,43 @@ void CapturePlanner::release(PlannedBlock& b, void* stream, std::vector<const vo
   b.release_position = std::move(position);
   b.position_known = known;
   by_serial_.erase(b.serial);
+  const auto idx = static_cast<std::uint32_t>(&b - blocks_.data());
+  if (auto it = std::find(live_.begin(), live_.end(), idx); it != live_.end()) live_.erase(it);
+  // Every other stream of the capture has yet to be proven to follow this release.
+  for (StreamView& v : streams_)
+    if (v.stream != stream) v.pending.push_back(idx);
+}
+
+void CapturePlanner::sharing(std::vector<char>& shares, std::vector<char>& reuses) const {
+  const std::size_t n = blocks_.size();
+  shares.assign(n, 0);
+  reuses.assign(n, 0);
+  // The union of the ranges seen so far, as disjoint [begin, end) intervals keyed by begin: a range
+  // overlaps one of them iff it overlaps the union.
+  auto sweep = [&](bool forward, std::vector<char>& hit) {
+    std::map<std::uint64_t, std::uint64_t> cover;
+    for (std::size_t k = 0; k < n; ++k) {
+      const PlannedBlock& b = blocks_[forward ? k : n - 1 - k];
+      if (!b.bytes) continue;
+      std::uint64_t lo = b.offset, hi = b.offset + b.bytes;
+      auto it = cover.upper_bound(lo);
+      if (it != cover.begin() && std::prev(it)->second > lo) --it;
+      bool overlap = false;
+      while (it != cover.end() && it->first < hi) {
+        overlap = true;
+        lo = std::min(lo, it->first);
+        hi = std::max(hi, it->second);
+        it = cover.erase(it);
+      }
+      cover.emplace(lo, hi);
+      if (overlap) hit[forward ? k : n - 1 - k] = 1;
+    }
+  };
+  sweep(true, reuses);
+  std::vector<char> later;
+  later.assign(n, 0);
+  sweep(false, later);
+  for (std::size_t i = 0; i < n; ++i) shares[i] = reuses[i] || later[i];
 }
 
 PackedLayout CapturePlanner::layout() const {
@@ -187,8 +250,8 @@ std::uint64_t CapturePlanner::clique_bound() const {
   for (std::uint32_t c = 0; c < n && budget; ++c) {
     std::vector<std::uint32_t> cand;
     std::uint64_t total = blocks_[c].bytes;
-    for (std::uint32_t j = 0; j < c; ++j)
-      if (conflict(j, c) && blocks_[j].bytes) {
+    for (std::uint32_t j : blocks_[c].conflicts_before)
+      if (blocks_[j].bytes) {
         cand.push_back(j);
         total += blocks_[j].bytes;
       }
@@ -217,12 +280,11 @@ std::uint64_t CapturePlanner::clique_bound() const {
 PackedLayout CapturePlanner::pack() const {
   const auto n = static_cast<std::uint32_t>(blocks_.size());
   std::vector<std::vector<std::uint32_t>> adj(n);
-  for (std::uint32_t i = 0; i < n; ++i)
-    for (std::uint32_t j = i + 1; j < n; ++j)
-      if (conflict(i, j)) {
-        adj[i].push_back(j);
-        adj[j].push_back(i);
-      }
+  for (std::uint32_t j = 0; j < n; ++j)
+    for (std::uint32_t i : blocks_[j].conflicts_before) {
+      adj[i].push_back(j);
+      adj[j].push_back(i);
+    }
   auto place = [&](const std::vector<std::uint32_t>& order, bool first_fit) {
     PackedLayout l;
     l.bytes.resize(n);

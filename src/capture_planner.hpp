@@ -42,10 +42,10 @@ struct PlannedBlock {
   void* release_stream = nullptr;
   bool position_known = false;
   std::vector<const void*> release_position;  // the releasing stream's capture dependencies at release
-  std::vector<std::uint32_t> ordered_before;  // earlier blocks whose release is ordered before this request (sorted)
-  // Streams proven to follow the release: a stream's capture dependencies only move forward, so
-  // the backend is asked once per (released block, stream).
-  std::vector<void*> ordered_streams;
+  // Earlier blocks this one conflicts with (sorted): live at its request, or released without the
+  // release being ordered before it. Usually a handful, where the blocks ordered before it are
+  // most of the capture.
+  std::vector<std::uint32_t> conflicts_before;
   // Debug mode: the requesting stream's capture dependencies at the request (the graph audit).
   bool request_known = false;
   std::vector<const void*> request_position;
@@ -67,10 +67,10 @@ class CapturePlanner {
     std::uint64_t offset = 0;
     std::uint64_t bytes = 0;
     void* stream = nullptr;
-    std::vector<std::uint32_t> ordered;  // released blocks ordered before this request
-    std::uint64_t clique = 0;            // lower bound at this request
-    std::string why_not;                 // explain: released ranges this request could not prove safe to reuse
-    bool reused = false;                 // lies (partly) over a released block's range
+    std::vector<std::uint32_t> ordered;    // released blocks newly proven ordered before this stream
+    std::vector<std::uint32_t> conflicts;  // live blocks and released ones not ordered before it (sorted)
+    std::uint64_t clique = 0;              // lower bound at this request
+    std::string why_not;                   // explain: released ranges this request could not prove safe to reuse
     bool request_known = false;          // debug mode: set by the caller before commit
     std::vector<const void*> request_position;
   };
@@ -82,6 +82,9 @@ class CapturePlanner {
   PlannedBlock* live(std::uint64_t serial);
   // The live block at this offset (opaque deallocate), nullptr when none.
   PlannedBlock* live_at(std::uint64_t offset);
+  // Per block: whether another block's range overlaps its range (shares), and whether an earlier
+  // one does (reuses). O(n log n): an interval union swept forwards, then backwards.
+  void sharing(std::vector<char>& shares, std::vector<char>& reuses) const;
   void release(PlannedBlock& b, void* stream, std::vector<const void*> position, bool known);
 
   std::uint64_t region() const { return region_; }
@@ -104,7 +107,17 @@ class CapturePlanner {
 
  private:
   bool conflict(std::uint32_t a, std::uint32_t b) const;  // a != b
+  // A stream that requested in this capture, and the released blocks (released on other streams)
+  // not yet proven ordered before its next work. A stream's capture dependencies only move
+  // forward, so a block once proven ordered stays so and is asked about once per stream.
+  struct StreamView {
+    void* stream = nullptr;
+    std::vector<std::uint32_t> pending;
+  };
+  const StreamView* view(void* stream) const;
   std::vector<PlannedBlock> blocks_;
+  std::vector<StreamView> streams_;
+  std::vector<std::uint32_t> live_;  // blocks not released (request order)
   std::unordered_map<std::uint64_t, std::uint32_t> by_serial_;  // live blocks
   std::uint64_t region_ = 0;
   std::uint64_t peak_ = 0;
