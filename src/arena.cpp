@@ -329,17 +329,8 @@ void ArenaCore::capture_planned(SessionState& st) {
     st.plan.entry(blocks[i].entry).reuses = reuses[i];
   }
   if (st.virt || blocks.empty()) return;
-  auto best = std::make_shared<const PackedLayout>(p.best());
   std::lock_guard lk(lock);
-  auto& ls = st.family->layouts;
-  // One layout per sequence of block sizes, the smallest kept.
-  auto same = std::find_if(ls.begin(), ls.end(), [&](const auto& l) { return l->bytes == best->bytes; });
-  if (same == ls.end()) {
-    if (ls.size() >= 16) ls.erase(ls.begin());
-    ls.push_back(std::move(best));
-  } else if (best->region < (*same)->region) {
-    *same = std::move(best);
-  }
+  keep_layout(st.family->layouts, p);  // packed offline only once a later capture follows it
 }
 
 void ArenaCore::record(SessionState& st, PlanEntry e, const SizingDecision& d, const Extent* need, const Bindings& b) {

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
+#include <iterator>
 #include <numeric>
 
 namespace graphsafe {
@@ -43,7 +43,7 @@ std::uint64_t first_fit_offset(std::vector<std::pair<std::uint64_t, std::uint64_
 
 bool CapturePlanner::conflict(std::uint32_t a, std::uint32_t b) const {
   if (a > b) std::swap(a, b);
-  const auto& cb = blocks_[b].conflicts_before;
+  const auto& cb = lt_->conflicts_before[b];
   return std::binary_search(cb.begin(), cb.end(), a);
 }
 
@@ -88,19 +88,22 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
   std::sort(unordered.begin(), unordered.end());  // request order, whatever order they were released in
   // Lower bound: the live blocks conflict pairwise and with this request (none was released before
   // the others' requests); add unordered released blocks, largest first, that conflict with all.
-  std::vector<std::uint32_t> clique = live;
   c.clique = bytes;
   for (std::uint32_t i : live) c.clique += blocks_[i].bytes;
-  std::vector<std::uint32_t> by_size = unordered;
-  std::stable_sort(by_size.begin(), by_size.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
-  for (std::uint32_t u : by_size)
-    if (std::all_of(clique.begin(), clique.end(), [&](std::uint32_t m) { return conflict(u, m); })) {
-      clique.push_back(u);
-      c.clique += blocks_[u].bytes;
-    }
+  if (!unordered.empty()) {
+    std::vector<std::uint32_t> clique = live;
+    std::vector<std::uint32_t> by_size = unordered;
+    std::stable_sort(by_size.begin(), by_size.end(),
+                     [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
+    for (std::uint32_t u : by_size)
+      if (std::all_of(clique.begin(), clique.end(), [&](std::uint32_t m) { return conflict(u, m); })) {
+        clique.push_back(u);
+        c.clique += blocks_[u].bytes;
+      }
+  }
 
   std::vector<std::pair<std::uint64_t, std::uint64_t>> taken;
+  taken.reserve(live.size() + unordered.size());
   for (std::uint32_t i : live) taken.emplace_back(blocks_[i].offset, blocks_[i].bytes);
   for (std::uint32_t i : unordered) taken.emplace_back(blocks_[i].offset, blocks_[i].bytes);
   auto fits_at = [&](std::uint64_t off) {
@@ -109,16 +112,15 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
   const std::size_t n = blocks_.size();
   bool proposed = false;
   for (std::size_t p = 0; p < proposals_.size() && !proposed; ++p) {
-    const PackedLayout& l = *proposals_[p];
-    if (following_[p] && n < l.bytes.size() && l.bytes[n] == bytes && fits_at(l.offsets[n])) {
-      c.offset = l.offsets[n];
+    const LayoutProposal& l = *proposals_[p];
+    if (following_[p] && n < l.bytes().size() && l.bytes()[n] == bytes && fits_at(l.best().offsets[n])) {
+      c.offset = l.best().offsets[n];
       proposed = true;
     }
   }
-  if (!proposed) c.offset = best_fit(taken, bytes);
-  c.conflicts = live;
-  c.conflicts.insert(c.conflicts.end(), unordered.begin(), unordered.end());
-  std::sort(c.conflicts.begin(), c.conflicts.end());
+  if (!proposed) c.offset = best_fit(std::move(taken), bytes);
+  c.conflicts.reserve(live.size() + unordered.size());
+  std::merge(live.begin(), live.end(), unordered.begin(), unordered.end(), std::back_inserter(c.conflicts));
   if (explain && c.offset + bytes > region_) {
     // The region grows: say which released ranges could have held it but were not proven ordered.
     for (std::uint32_t i : unordered) {
@@ -138,8 +140,8 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
 void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, std::string name) {
   const std::size_t n = blocks_.size();
   for (std::size_t p = 0; p < proposals_.size(); ++p) {
-    const PackedLayout& l = *proposals_[p];
-    following_[p] = following_[p] && n < l.bytes.size() && l.bytes[n] == c.bytes && l.offsets[n] == c.offset;
+    const LayoutProposal& l = *proposals_[p];
+    following_[p] = following_[p] && n < l.bytes().size() && l.bytes()[n] == c.bytes && l.best().offsets[n] == c.offset;
   }
   // This stream now follows the blocks proven ordered: they leave its pending list for good.
   StreamView* v = nullptr;
@@ -164,10 +166,13 @@ void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, s
   b.stream = c.stream;
   b.entry = entry;
   b.name = std::move(name);
-  b.conflicts_before = std::move(c.conflicts);
+  lt_->bytes.push_back(c.bytes);
+  lt_->offsets.push_back(c.offset);
+  lt_->conflicts_before.push_back(std::move(c.conflicts));
   b.request_known = c.request_known;
   b.request_position = std::move(c.request_position);
   region_ = std::max(region_, c.offset + c.bytes);
+  lt_->region = region_;
   peak_ = std::max(peak_, c.clique);
   if (serial) by_serial_[serial] = static_cast<std::uint32_t>(n);
   live_.push_back(static_cast<std::uint32_t>(n));
@@ -205,22 +210,25 @@ void CapturePlanner::sharing(std::vector<char>& shares, std::vector<char>& reuse
   // The union of the ranges seen so far, as disjoint [begin, end) intervals keyed by begin: a range
   // overlaps one of them iff it overlaps the union.
   auto sweep = [&](bool forward, std::vector<char>& hit) {
-    std::map<std::uint64_t, std::uint64_t> cover;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> cover;  // sorted, disjoint; few once the region fills
     for (std::size_t k = 0; k < n; ++k) {
-      const PlannedBlock& b = blocks_[forward ? k : n - 1 - k];
+      const std::size_t i = forward ? k : n - 1 - k;
+      const PlannedBlock& b = blocks_[i];
       if (!b.bytes) continue;
       std::uint64_t lo = b.offset, hi = b.offset + b.bytes;
-      auto it = cover.upper_bound(lo);
-      if (it != cover.begin() && std::prev(it)->second > lo) --it;
-      bool overlap = false;
-      while (it != cover.end() && it->first < hi) {
-        overlap = true;
-        lo = std::min(lo, it->first);
-        hi = std::max(hi, it->second);
-        it = cover.erase(it);
+      // First interval ending after lo; every one from there that begins before hi overlaps.
+      auto first = std::partition_point(cover.begin(), cover.end(), [&](const auto& x) { return x.second <= lo; });
+      auto last = first;
+      while (last != cover.end() && last->first < hi) ++last;
+      if (first != last) {
+        hit[i] = 1;
+        lo = std::min(lo, first->first);
+        hi = std::max(hi, std::prev(last)->second);
+        *first = {lo, hi};
+        cover.erase(std::next(first), last);
+      } else {
+        cover.insert(first, {lo, hi});
       }
-      cover.emplace(lo, hi);
-      if (overlap) hit[forward ? k : n - 1 - k] = 1;
     }
   };
   sweep(true, reuses);
@@ -240,48 +248,52 @@ PackedLayout CapturePlanner::layout() const {
   return l;
 }
 
-std::uint64_t CapturePlanner::clique_bound() const {
+std::uint64_t clique_bound(const Lifetimes& l, std::uint64_t floor) {
   // Max weight clique of the conflict graph (any placement gives its members disjoint bytes):
   // branch and bound per last member c over the earlier blocks conflicting with c, with a step
   // budget; the greedy clique recorded at each request is the floor.
-  const auto n = static_cast<std::uint32_t>(blocks_.size());
-  std::uint64_t best = peak_;
+  const auto n = static_cast<std::uint32_t>(l.bytes.size());
+  auto conflict = [&](std::uint32_t a, std::uint32_t b) {
+    if (a > b) std::swap(a, b);
+    return std::binary_search(l.conflicts_before[b].begin(), l.conflicts_before[b].end(), a);
+  };
+  std::uint64_t best = floor;
   std::uint64_t budget = 2'000'000;
   for (std::uint32_t c = 0; c < n && budget; ++c) {
     std::vector<std::uint32_t> cand;
-    std::uint64_t total = blocks_[c].bytes;
-    for (std::uint32_t j : blocks_[c].conflicts_before)
-      if (blocks_[j].bytes) {
+    std::uint64_t total = l.bytes[c];
+    for (std::uint32_t j : l.conflicts_before[c])
+      if (l.bytes[j]) {
         cand.push_back(j);
-        total += blocks_[j].bytes;
+        total += l.bytes[j];
       }
     if (total <= best) continue;
-    std::sort(cand.begin(), cand.end(), [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
+    std::sort(cand.begin(), cand.end(), [&](std::uint32_t a, std::uint32_t b) { return l.bytes[a] > l.bytes[b]; });
     std::function<void(std::size_t, std::uint64_t, std::uint64_t, std::vector<std::uint32_t>&)> grow =
         [&](std::size_t from, std::uint64_t weight, std::uint64_t rest, std::vector<std::uint32_t>& chosen) {
           best = std::max(best, weight);
           for (std::size_t k = from; k < cand.size() && budget; ++k, --budget) {
             if (weight + rest <= best) return;
             const std::uint32_t v = cand[k];
-            rest -= blocks_[v].bytes;
+            rest -= l.bytes[v];
             if (std::all_of(chosen.begin(), chosen.end(), [&](std::uint32_t m) { return conflict(v, m); })) {
               chosen.push_back(v);
-              grow(k + 1, weight + blocks_[v].bytes, rest, chosen);
+              grow(k + 1, weight + l.bytes[v], rest, chosen);
               chosen.pop_back();
             }
           }
         };
     std::vector<std::uint32_t> chosen;
-    grow(0, blocks_[c].bytes, total - blocks_[c].bytes, chosen);
+    grow(0, l.bytes[c], total - l.bytes[c], chosen);
   }
   return best;
 }
 
-PackedLayout CapturePlanner::pack() const {
-  const auto n = static_cast<std::uint32_t>(blocks_.size());
+PackedLayout pack(const Lifetimes& lt, std::uint64_t floor_hint) {
+  const auto n = static_cast<std::uint32_t>(lt.bytes.size());
   std::vector<std::vector<std::uint32_t>> adj(n);
   for (std::uint32_t j = 0; j < n; ++j)
-    for (std::uint32_t i : blocks_[j].conflicts_before) {
+    for (std::uint32_t i : lt.conflicts_before[j]) {
       adj[i].push_back(j);
       adj[j].push_back(i);
     }
@@ -293,10 +305,10 @@ PackedLayout CapturePlanner::pack() const {
     for (std::uint32_t i : order) {
       std::vector<std::pair<std::uint64_t, std::uint64_t>> taken;
       for (std::uint32_t j : adj[i])
-        if (placed[j]) taken.emplace_back(l.offsets[j], blocks_[j].bytes);
-      l.offsets[i] = first_fit ? first_fit_offset(std::move(taken), blocks_[i].bytes) : best_fit(std::move(taken), blocks_[i].bytes);
-      l.bytes[i] = blocks_[i].bytes;
-      l.region = std::max(l.region, l.offsets[i] + blocks_[i].bytes);
+        if (placed[j]) taken.emplace_back(l.offsets[j], lt.bytes[j]);
+      l.offsets[i] = first_fit ? first_fit_offset(std::move(taken), lt.bytes[i]) : best_fit(std::move(taken), lt.bytes[i]);
+      l.bytes[i] = lt.bytes[i];
+      l.region = std::max(l.region, l.offsets[i] + lt.bytes[i]);
       placed[i] = 1;
     }
     return l;
@@ -306,7 +318,7 @@ PackedLayout CapturePlanner::pack() const {
   std::vector<std::uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
   std::stable_sort(order.begin(), order.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
+                   [&](std::uint32_t a, std::uint32_t b) { return lt.bytes[a] > lt.bytes[b]; });
   PackedLayout best = place(order, false);
   std::vector<std::uint32_t> best_order = order;
   auto consider = [&](const std::vector<std::uint32_t>& o) {
@@ -320,10 +332,10 @@ PackedLayout CapturePlanner::pack() const {
   };
   consider(order);
   std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
-    return blocks_[a].bytes * (adj[a].size() + 1) > blocks_[b].bytes * (adj[b].size() + 1);
+    return lt.bytes[a] * (adj[a].size() + 1) > lt.bytes[b] * (adj[b].size() + 1);
   });
   consider(order);
-  const std::uint64_t floor = clique_bound();
+  const std::uint64_t floor = clique_bound(lt, floor_hint);
   std::uint64_t x = 0x9e3779b97f4a7c15ull;  // fixed seed: the same lifetimes give the same layout
   const int rounds = n <= 512 ? 48 : 4;
   for (int r = 0; r < rounds && best.region > floor; ++r) {
@@ -339,10 +351,47 @@ PackedLayout CapturePlanner::pack() const {
   return best;
 }
 
+std::uint64_t CapturePlanner::clique_bound() const { return detail::clique_bound(*lt_, peak_); }
+
+PackedLayout CapturePlanner::pack() const { return detail::pack(*lt_, peak_); }
+
 PackedLayout CapturePlanner::best() const {
   PackedLayout packed = pack();
   PackedLayout made = layout();
   return packed.region < made.region ? packed : made;
+}
+
+std::uint64_t LayoutProposal::known_region() const {
+  return packed_.load(std::memory_order_acquire) ? best_.region : lifetimes_->region;
+}
+
+const PackedLayout& LayoutProposal::best() const {
+  std::call_once(once_, [&] {
+    PackedLayout packed = pack(*lifetimes_, floor_);
+    if (packed.region < lifetimes_->region) {
+      best_ = std::move(packed);
+    } else {
+      best_.bytes = lifetimes_->bytes;
+      best_.offsets = lifetimes_->offsets;
+      best_.region = lifetimes_->region;
+    }
+    packed_.store(true, std::memory_order_release);
+  });
+  return best_;
+}
+
+void keep_layout(std::vector<std::shared_ptr<const LayoutProposal>>& layouts, const CapturePlanner& p) {
+  auto same = std::find_if(layouts.begin(), layouts.end(), [&](const auto& l) { return l->bytes() == p.lifetimes().bytes; });
+  // A capture with the sizes of a kept layout followed it where it could: its own placement
+  // replaces it only when smaller than what is known of the kept one.
+  if (same != layouts.end() && (*same)->known_region() <= p.region()) return;
+  auto l = std::make_shared<const LayoutProposal>(p.shared_lifetimes(), p.peak_live());
+  if (same != layouts.end()) {
+    *same = std::move(l);
+    return;
+  }
+  if (layouts.size() >= 16) layouts.erase(layouts.begin());
+  layouts.push_back(std::move(l));
 }
 
 }  // namespace detail

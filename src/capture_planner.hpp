@@ -21,7 +21,9 @@
 // Placement only: growth (slabs, virtual memory) and debug checks stay with the arena.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -42,10 +44,6 @@ struct PlannedBlock {
   void* release_stream = nullptr;
   bool position_known = false;
   std::vector<const void*> release_position;  // the releasing stream's capture dependencies at release
-  // Earlier blocks this one conflicts with (sorted): live at its request, or released without the
-  // release being ordered before it. Usually a handful, where the blocks ordered before it are
-  // most of the capture.
-  std::vector<std::uint32_t> conflicts_before;
   // Debug mode: the requesting stream's capture dependencies at the request (the graph audit).
   bool request_known = false;
   std::vector<const void*> request_position;
@@ -57,6 +55,47 @@ struct PackedLayout {
   std::vector<std::uint64_t> offsets;
   std::uint64_t region = 0;
 };
+
+// What a packing needs of a capture, per block in request order: its size, where it was placed,
+// and the earlier blocks it conflicts with (sorted): live at its request, or released without the
+// release being ordered before it. Usually a handful, where the blocks ordered before it are most
+// of the capture.
+struct Lifetimes {
+  std::vector<std::uint64_t> bytes;
+  std::vector<std::uint64_t> offsets;
+  std::vector<std::vector<std::uint32_t>> conflicts_before;
+  std::uint64_t region = 0;
+};
+// The heaviest clique of the conflict graph found by a bounded search, at least `floor`.
+std::uint64_t clique_bound(const Lifetimes& l, std::uint64_t floor);
+// An offline packing of the lifetimes (best fit by decreasing size, by decreasing size x
+// conflicts, then perturbations while above the clique bound).
+PackedLayout pack(const Lifetimes& l, std::uint64_t floor);
+
+// A family's layout for its later captures: the block sizes, which a capture follows while its own
+// match, and the better of the placement made and an offline packing. The packing runs the first
+// time a capture follows the layout, not when it is recorded: most layouts are never followed
+// (bucket graphs differ in sizes from their first request), and packing is the costly part.
+class LayoutProposal {
+ public:
+  LayoutProposal(std::shared_ptr<const Lifetimes> l, std::uint64_t floor) : lifetimes_(std::move(l)), floor_(floor) {}
+  const std::vector<std::uint64_t>& bytes() const { return lifetimes_->bytes; }
+  // The smallest region known without packing now: the packing's once done, else the placement's.
+  std::uint64_t known_region() const;
+  const PackedLayout& best() const;  // packs on the first call (thread-safe)
+
+ private:
+  std::shared_ptr<const Lifetimes> lifetimes_;  // shared with the capture's planner, which has ended
+  std::uint64_t floor_;
+  mutable std::once_flag once_;
+  mutable std::atomic<bool> packed_{false};
+  mutable PackedLayout best_;
+};
+
+// Records a capture's layout with its family: one per sequence of block sizes, the smallest known
+// region kept, at most 16.
+class CapturePlanner;
+void keep_layout(std::vector<std::shared_ptr<const LayoutProposal>>& layouts, const CapturePlanner& p);
 
 class CapturePlanner {
  public:
@@ -95,7 +134,7 @@ class CapturePlanner {
   const std::vector<PlannedBlock>& blocks() const { return blocks_; }
 
   // Layouts of earlier captures of this function: followed while their block sizes match.
-  void set_proposals(std::vector<std::shared_ptr<const PackedLayout>> p) {
+  void set_proposals(std::vector<std::shared_ptr<const LayoutProposal>> p) {
     proposals_ = std::move(p);
     following_.assign(proposals_.size(), 1);
   }
@@ -104,6 +143,9 @@ class CapturePlanner {
   PackedLayout layout() const;
   PackedLayout pack() const;
   PackedLayout best() const;
+  const Lifetimes& lifetimes() const { return *lt_; }
+  // Shared, not copied: the planner adds no block once its capture has ended.
+  std::shared_ptr<const Lifetimes> shared_lifetimes() const { return lt_; }
 
  private:
   bool conflict(std::uint32_t a, std::uint32_t b) const;  // a != b
@@ -116,12 +158,13 @@ class CapturePlanner {
   };
   const StreamView* view(void* stream) const;
   std::vector<PlannedBlock> blocks_;
+  std::shared_ptr<Lifetimes> lt_ = std::make_shared<Lifetimes>();
   std::vector<StreamView> streams_;
   std::vector<std::uint32_t> live_;  // blocks not released (request order)
   std::unordered_map<std::uint64_t, std::uint32_t> by_serial_;  // live blocks
   std::uint64_t region_ = 0;
   std::uint64_t peak_ = 0;
-  std::vector<std::shared_ptr<const PackedLayout>> proposals_;
+  std::vector<std::shared_ptr<const LayoutProposal>> proposals_;
   std::vector<char> following_;  // per proposal: every block so far was placed as it says
 };
 
