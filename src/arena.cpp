@@ -283,7 +283,8 @@ std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes,
   if (why_not) c.request_known = backend.capture_dependencies(s, c.request_position);
   const std::uint64_t id = taken ? next_block_serial.fetch_add(1, std::memory_order_relaxed) : 0;
   if (serial) *serial = id;
-  if (taken) st.planner.commit(std::move(c), id, st.plan.entries().size(), std::string(name));
+  // The name only explains a reuse not proven (debug mode): not copied otherwise.
+  if (taken) st.planner.commit(std::move(c), id, st.plan.entries().size(), why_not ? std::string(name) : std::string());
   st.bump = std::max(st.bump, st.planner.region());
   return offset;
 }
@@ -291,10 +292,10 @@ std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes,
 void ArenaCore::release_captured(std::uint64_t serial, void* stream) noexcept {
   if (active_sessions.load(std::memory_order_acquire) == 0) return;  // the graph owns it now
   try {
-    std::vector<SessionState*> live;
+    thread_local std::vector<SessionState*> live;  // reused: no allocation per release
     {
       std::lock_guard g(lock);
-      live = sessions;
+      live.assign(sessions.begin(), sessions.end());
     }
     for (SessionState* st : live) {
       std::lock_guard g(st->planner_mutex);

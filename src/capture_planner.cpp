@@ -16,8 +16,7 @@ bool Backend::graph_topology(const GraphHandle&, GraphTopology&) const { return 
 
 namespace detail {
 
-std::uint64_t best_fit(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes) {
-  std::sort(taken.begin(), taken.end());
+std::uint64_t best_fit_sorted(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& taken, std::uint64_t bytes) {
   std::uint64_t cur = 0, best = 0, best_gap = std::numeric_limits<std::uint64_t>::max();
   for (auto [off, size] : taken) {
     if (size == 0) continue;
@@ -28,6 +27,11 @@ std::uint64_t best_fit(std::vector<std::pair<std::uint64_t, std::uint64_t>> take
     cur = std::max(cur, off + size);
   }
   return best_gap != std::numeric_limits<std::uint64_t>::max() ? best : cur;
+}
+
+std::uint64_t best_fit(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes) {
+  std::sort(taken.begin(), taken.end());
+  return best_fit_sorted(taken, bytes);
 }
 
 std::uint64_t first_fit_offset(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes) {
@@ -102,10 +106,14 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
       }
   }
 
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> taken;
-  taken.reserve(live.size() + unordered.size());
-  for (std::uint32_t i : live) taken.emplace_back(blocks_[i].offset, blocks_[i].bytes);
-  for (std::uint32_t i : unordered) taken.emplace_back(blocks_[i].offset, blocks_[i].bytes);
+  // The ranges this request must not overlap, by offset: the live ones are kept sorted.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> with_unordered;
+  if (!unordered.empty()) {
+    with_unordered = live_ranges_;
+    for (std::uint32_t i : unordered) with_unordered.emplace_back(blocks_[i].offset, blocks_[i].bytes);
+    std::sort(with_unordered.begin(), with_unordered.end());
+  }
+  const auto& taken = unordered.empty() ? live_ranges_ : with_unordered;
   auto fits_at = [&](std::uint64_t off) {
     return std::none_of(taken.begin(), taken.end(), [&](const auto& t) { return overlaps(off, bytes, t.first, t.second); });
   };
@@ -118,7 +126,7 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
       proposed = true;
     }
   }
-  if (!proposed) c.offset = best_fit(std::move(taken), bytes);
+  if (!proposed) c.offset = best_fit_sorted(taken, bytes);
   c.conflicts.reserve(live.size() + unordered.size());
   std::merge(live.begin(), live.end(), unordered.begin(), unordered.end(), std::back_inserter(c.conflicts));
   if (explain && c.offset + bytes > region_) {
@@ -168,20 +176,24 @@ void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, s
   b.name = std::move(name);
   lt_->bytes.push_back(c.bytes);
   lt_->offsets.push_back(c.offset);
+  if (c.conflicts.size() > live_.size()) lt_->intervals = false;  // some conflicts are unordered releases
   lt_->conflicts_before.push_back(std::move(c.conflicts));
   b.request_known = c.request_known;
   b.request_position = std::move(c.request_position);
   region_ = std::max(region_, c.offset + c.bytes);
   lt_->region = region_;
   peak_ = std::max(peak_, c.clique);
-  if (serial) by_serial_[serial] = static_cast<std::uint32_t>(n);
   live_.push_back(static_cast<std::uint32_t>(n));
+  const std::pair<std::uint64_t, std::uint64_t> range{c.offset, c.bytes};
+  live_ranges_.insert(std::upper_bound(live_ranges_.begin(), live_ranges_.end(), range), range);
   blocks_.push_back(std::move(b));
 }
 
 PlannedBlock* CapturePlanner::live(std::uint64_t serial) {
-  auto it = by_serial_.find(serial);
-  return it == by_serial_.end() ? nullptr : &blocks_[it->second];
+  // Serials grow with every commit (taken under the planner's lock), so blocks_ is sorted by them.
+  auto it = std::lower_bound(blocks_.begin(), blocks_.end(), serial,
+                             [](const PlannedBlock& b, std::uint64_t s) { return b.serial < s; });
+  return it != blocks_.end() && it->serial == serial && !it->released ? &*it : nullptr;
 }
 
 PlannedBlock* CapturePlanner::live_at(std::uint64_t offset) {
@@ -195,9 +207,12 @@ void CapturePlanner::release(PlannedBlock& b, void* stream, std::vector<const vo
   b.release_stream = stream;
   b.release_position = std::move(position);
   b.position_known = known;
-  by_serial_.erase(b.serial);
   const auto idx = static_cast<std::uint32_t>(&b - blocks_.data());
   if (auto it = std::find(live_.begin(), live_.end(), idx); it != live_.end()) live_.erase(it);
+  const std::pair<std::uint64_t, std::uint64_t> range{b.offset, b.bytes};
+  if (auto it = std::lower_bound(live_ranges_.begin(), live_ranges_.end(), range);
+      it != live_ranges_.end() && *it == range)
+    live_ranges_.erase(it);
   // Every other stream of the capture has yet to be proven to follow this release.
   for (StreamView& v : streams_)
     if (v.stream != stream) v.pending.push_back(idx);
@@ -249,6 +264,7 @@ PackedLayout CapturePlanner::layout() const {
 }
 
 std::uint64_t clique_bound(const Lifetimes& l, std::uint64_t floor) {
+  if (l.intervals) return floor;  // the greedy cliques were the live sets: exact
   // Max weight clique of the conflict graph (any placement gives its members disjoint bytes):
   // branch and bound per last member c over the earlier blocks conflicting with c, with a step
   // budget; the greedy clique recorded at each request is the floor.

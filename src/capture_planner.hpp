@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace graphsafe::detail {
@@ -39,7 +40,7 @@ struct PlannedBlock {
   std::uint64_t bytes = 0;  // range taken: guard included, 256-byte aligned
   void* stream = nullptr;
   std::size_t entry = 0;  // index of its plan entry
-  std::string name;
+  std::string name;  // debug mode only (explains a reuse not proven)
   bool released = false;
   void* release_stream = nullptr;
   bool position_known = false;
@@ -65,6 +66,9 @@ struct Lifetimes {
   std::vector<std::uint64_t> offsets;
   std::vector<std::vector<std::uint32_t>> conflicts_before;
   std::uint64_t region = 0;
+  // Every conflict is between blocks live at once in capture order (no release left unordered):
+  // the conflict graph is an interval graph, whose heaviest clique is the live set at a request.
+  bool intervals = true;
 };
 // The heaviest clique of the conflict graph found by a bounded search, at least `floor`.
 std::uint64_t clique_bound(const Lifetimes& l, std::uint64_t floor);
@@ -161,7 +165,7 @@ class CapturePlanner {
   std::shared_ptr<Lifetimes> lt_ = std::make_shared<Lifetimes>();
   std::vector<StreamView> streams_;
   std::vector<std::uint32_t> live_;  // blocks not released (request order)
-  std::unordered_map<std::uint64_t, std::uint32_t> by_serial_;  // live blocks
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> live_ranges_;  // their (offset, bytes), sorted
   std::uint64_t region_ = 0;
   std::uint64_t peak_ = 0;
   std::vector<std::shared_ptr<const LayoutProposal>> proposals_;
@@ -171,6 +175,7 @@ class CapturePlanner {
 // Best fit among `taken` ranges (offset, bytes): the smallest gap that holds `bytes`, else the end
 // of the highest range.
 std::uint64_t best_fit(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes);
+std::uint64_t best_fit_sorted(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& taken, std::uint64_t bytes);
 // The lowest gap that holds `bytes`.
 std::uint64_t first_fit_offset(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes);
 

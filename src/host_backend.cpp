@@ -258,7 +258,9 @@ HostStream::~HostStream() {
 
 void HostStream::launch(std::function<void()> work, std::vector<HostAccess> touches, std::source_location loc) {
   if (capture_) {
-    const std::uint32_t n = capture_->add({std::move(work), std::move(touches), detail::site_of(loc)}, std::move(deps_));
+    // The site names a race, which needs declared ranges: no string for work that declares none.
+    std::string site = touches.empty() ? std::string() : detail::site_of(loc);
+    const std::uint32_t n = capture_->add({std::move(work), std::move(touches), std::move(site)}, std::move(deps_));
     deps_.assign(1, n);
   } else if (backend_) {  // set only by a seeded backend
     detail::HostScheduler& sc = *backend_->sched_;
