@@ -128,6 +128,7 @@ struct Options {
   int reps = 5;
   int layers = 43;
   int requests = 4096;
+  int reserve_mib = 3072;
   bool host_only = false;
   std::string raw, before, json;
 };
@@ -146,7 +147,7 @@ std::map<std::string, double> run(Device& dev, const Options& opt) {
   // One arena, reserved once (the earlier tree keeps every request's bytes: ~1 GiB for the DS4 step);
   // each repetition captures into a new family, so no layout of an earlier one is followed.
   Arena arena(*dev.backend, ArenaOptions{.report_findings = false});
-  arena.reserve(3ull << 30, dev.stream());
+  arena.reserve(static_cast<std::uint64_t>(opt.reserve_mib) << 20, dev.stream());
   std::vector<double> t;
   for (int rep = 0; rep < opt.reps + 1; ++rep) {  // the first repetition warms up
     CaptureFamily fam = arena.family("ds4");
@@ -215,14 +216,15 @@ int main(int argc, char** argv) {
     if (a == "--reps") opt.reps = count(1, 1000);
     else if (a == "--layers") opt.layers = count(1, 1000);
     else if (a == "--requests") opt.requests = count(1, 1 << 20);
+    else if (a == "--reserve-mib") opt.reserve_mib = count(64, 1 << 20);
     else if (a == "--host-only") opt.host_only = true;
     else if (a == "--raw") opt.raw = value();
     else if (a == "--before") opt.before = value();
     else if (a == "--json") opt.json = value();
     else {
       std::fprintf(stderr,
-                   "usage: capture_time_bench [--reps 5] [--layers 43] [--requests 4096] [--host-only] [--raw out.txt]\n"
-                   "                          [--before before.txt] [--json out.json]\n");
+                   "usage: capture_time_bench [--reps 5] [--layers 43] [--requests 4096] [--reserve-mib 3072] [--host-only]\n"
+                   "                          [--raw out.txt] [--before before.txt] [--json out.json]\n");
       return 2;
     }
   }
