@@ -45,11 +45,33 @@ std::uint64_t first_fit_offset(std::vector<std::pair<std::uint64_t, std::uint64_
   return cur;
 }
 
-bool CapturePlanner::conflict(std::uint32_t a, std::uint32_t b) const {
+bool conflicts(const Lifetimes& l, std::uint32_t a, std::uint32_t b) {
   if (a > b) std::swap(a, b);
-  const auto& cb = lt_->conflicts_before[b];
-  return std::binary_search(cb.begin(), cb.end(), a);
+  if (l.released_at[a] > l.requested_at[b]) return true;  // live at b's request
+  const auto& u = l.unordered_before[b];
+  return !u.empty() && std::binary_search(u.begin(), u.end(), a);
 }
+
+std::vector<std::vector<std::uint32_t>> conflicts_before(const Lifetimes& l) {
+  // Sweep requests in order keeping the blocks still live (released after the current request).
+  const auto n = static_cast<std::uint32_t>(l.bytes.size());
+  std::vector<std::vector<std::uint32_t>> out(n);
+  std::vector<std::uint32_t> live;
+  for (std::uint32_t b = 0; b < n; ++b) {
+    std::erase_if(live, [&](std::uint32_t a) { return l.released_at[a] <= l.requested_at[b]; });
+    out[b] = live;
+    if (!l.unordered_before[b].empty()) {
+      std::vector<std::uint32_t> merged;
+      std::set_union(out[b].begin(), out[b].end(), l.unordered_before[b].begin(), l.unordered_before[b].end(),
+                     std::back_inserter(merged));
+      out[b] = std::move(merged);
+    }
+    live.push_back(b);
+  }
+  return out;
+}
+
+bool CapturePlanner::conflict(std::uint32_t a, std::uint32_t b) const { return conflicts(*lt_, a, b); }
 
 const CapturePlanner::StreamView* CapturePlanner::view(void* stream) const {
   for (const StreamView& v : streams_)
@@ -92,8 +114,7 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
   std::sort(unordered.begin(), unordered.end());  // request order, whatever order they were released in
   // Lower bound: the live blocks conflict pairwise and with this request (none was released before
   // the others' requests); add unordered released blocks, largest first, that conflict with all.
-  c.clique = bytes;
-  for (std::uint32_t i : live) c.clique += blocks_[i].bytes;
+  c.clique = bytes + live_bytes_;
   if (!unordered.empty()) {
     std::vector<std::uint32_t> clique = live;
     std::vector<std::uint32_t> by_size = unordered;
@@ -127,8 +148,7 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
     }
   }
   if (!proposed) c.offset = best_fit_sorted(taken, bytes);
-  c.conflicts.reserve(live.size() + unordered.size());
-  std::merge(live.begin(), live.end(), unordered.begin(), unordered.end(), std::back_inserter(c.conflicts));
+  c.unordered = unordered;
   if (explain && c.offset + bytes > region_) {
     // The region grows: say which released ranges could have held it but were not proven ordered.
     for (std::uint32_t i : unordered) {
@@ -176,14 +196,17 @@ void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, s
   b.name = std::move(name);
   lt_->bytes.push_back(c.bytes);
   lt_->offsets.push_back(c.offset);
-  if (c.conflicts.size() > live_.size()) lt_->intervals = false;  // some conflicts are unordered releases
-  lt_->conflicts_before.push_back(std::move(c.conflicts));
+  if (!c.unordered.empty()) lt_->intervals = false;
+  lt_->requested_at.push_back(clock_++);
+  lt_->released_at.push_back(Lifetimes::kNever);
+  lt_->unordered_before.push_back(std::move(c.unordered));
   b.request_known = c.request_known;
   b.request_position = std::move(c.request_position);
   region_ = std::max(region_, c.offset + c.bytes);
   lt_->region = region_;
   peak_ = std::max(peak_, c.clique);
   live_.push_back(static_cast<std::uint32_t>(n));
+  live_bytes_ += c.bytes;
   const std::pair<std::uint64_t, std::uint64_t> range{c.offset, c.bytes};
   live_ranges_.insert(std::upper_bound(live_ranges_.begin(), live_ranges_.end(), range), range);
   blocks_.push_back(std::move(b));
@@ -208,7 +231,11 @@ void CapturePlanner::release(PlannedBlock& b, void* stream, std::vector<const vo
   b.release_position = std::move(position);
   b.position_known = known;
   const auto idx = static_cast<std::uint32_t>(&b - blocks_.data());
-  if (auto it = std::find(live_.begin(), live_.end(), idx); it != live_.end()) live_.erase(it);
+  if (auto it = std::find(live_.begin(), live_.end(), idx); it != live_.end()) {
+    live_.erase(it);
+    live_bytes_ -= b.bytes;
+  }
+  lt_->released_at[idx] = clock_++;
   const std::pair<std::uint64_t, std::uint64_t> range{b.offset, b.bytes};
   if (auto it = std::lower_bound(live_ranges_.begin(), live_ranges_.end(), range);
       it != live_ranges_.end() && *it == range)
@@ -269,16 +296,14 @@ std::uint64_t clique_bound(const Lifetimes& l, std::uint64_t floor) {
   // branch and bound per last member c over the earlier blocks conflicting with c, with a step
   // budget; the greedy clique recorded at each request is the floor.
   const auto n = static_cast<std::uint32_t>(l.bytes.size());
-  auto conflict = [&](std::uint32_t a, std::uint32_t b) {
-    if (a > b) std::swap(a, b);
-    return std::binary_search(l.conflicts_before[b].begin(), l.conflicts_before[b].end(), a);
-  };
+  auto conflict = [&](std::uint32_t a, std::uint32_t b) { return conflicts(l, a, b); };
+  const auto before = conflicts_before(l);
   std::uint64_t best = floor;
   std::uint64_t budget = 2'000'000;
   for (std::uint32_t c = 0; c < n && budget; ++c) {
     std::vector<std::uint32_t> cand;
     std::uint64_t total = l.bytes[c];
-    for (std::uint32_t j : l.conflicts_before[c])
+    for (std::uint32_t j : before[c])
       if (l.bytes[j]) {
         cand.push_back(j);
         total += l.bytes[j];
@@ -308,8 +333,9 @@ std::uint64_t clique_bound(const Lifetimes& l, std::uint64_t floor) {
 PackedLayout pack(const Lifetimes& lt, std::uint64_t floor_hint) {
   const auto n = static_cast<std::uint32_t>(lt.bytes.size());
   std::vector<std::vector<std::uint32_t>> adj(n);
+  const auto before = conflicts_before(lt);
   for (std::uint32_t j = 0; j < n; ++j)
-    for (std::uint32_t i : lt.conflicts_before[j]) {
+    for (std::uint32_t i : before[j]) {
       adj[i].push_back(j);
       adj[j].push_back(i);
     }

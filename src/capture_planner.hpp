@@ -58,18 +58,26 @@ struct PackedLayout {
 };
 
 // What a packing needs of a capture, per block in request order: its size, where it was placed,
-// and the earlier blocks it conflicts with (sorted): live at its request, or released without the
-// release being ordered before it. Usually a handful, where the blocks ordered before it are most
-// of the capture.
+// and which earlier blocks it conflicts with, as capture-order times (no list per block: the live
+// ones follow from the times, and releases not ordered before it are rare).
 struct Lifetimes {
   std::vector<std::uint64_t> bytes;
   std::vector<std::uint64_t> offsets;
-  std::vector<std::vector<std::uint32_t>> conflicts_before;
+  // Capture order of each block's request and release (kNever: not released). An earlier block
+  // conflicts with a later one when it is released after the later one's request (both live at
+  // once), or when its release is not ordered before it (listed in unordered_before, sorted).
+  static constexpr std::uint64_t kNever = ~0ull;
+  std::vector<std::uint64_t> requested_at;
+  std::vector<std::uint64_t> released_at;
+  std::vector<std::vector<std::uint32_t>> unordered_before;
   std::uint64_t region = 0;
   // Every conflict is between blocks live at once in capture order (no release left unordered):
   // the conflict graph is an interval graph, whose heaviest clique is the live set at a request.
   bool intervals = true;
 };
+// Whether blocks a < b conflict, and each block's earlier conflicting blocks (sorted).
+bool conflicts(const Lifetimes& l, std::uint32_t a, std::uint32_t b);
+std::vector<std::vector<std::uint32_t>> conflicts_before(const Lifetimes& l);
 // The heaviest clique of the conflict graph found by a bounded search, at least `floor`.
 std::uint64_t clique_bound(const Lifetimes& l, std::uint64_t floor);
 // An offline packing of the lifetimes (best fit by decreasing size, by decreasing size x
@@ -111,7 +119,7 @@ class CapturePlanner {
     std::uint64_t bytes = 0;
     void* stream = nullptr;
     std::vector<std::uint32_t> ordered;    // released blocks newly proven ordered before this stream
-    std::vector<std::uint32_t> conflicts;  // live blocks and released ones not ordered before it (sorted)
+    std::vector<std::uint32_t> unordered;  // released blocks not ordered before it (sorted)
     std::uint64_t clique = 0;              // lower bound at this request
     std::string why_not;                   // explain: released ranges this request could not prove safe to reuse
     bool request_known = false;          // debug mode: set by the caller before commit
@@ -165,6 +173,8 @@ class CapturePlanner {
   std::shared_ptr<Lifetimes> lt_ = std::make_shared<Lifetimes>();
   std::vector<StreamView> streams_;
   std::vector<std::uint32_t> live_;  // blocks not released (request order)
+  std::uint64_t live_bytes_ = 0;
+  std::uint64_t clock_ = 0;  // capture order of requests and releases
   std::vector<std::pair<std::uint64_t, std::uint64_t>> live_ranges_;  // their (offset, bytes), sorted
   std::uint64_t region_ = 0;
   std::uint64_t peak_ = 0;

@@ -260,8 +260,8 @@ void HostStream::launch(std::function<void()> work, std::vector<HostAccess> touc
   if (capture_) {
     // The site names a race, which needs declared ranges: no string for work that declares none.
     std::string site = touches.empty() ? std::string() : detail::site_of(loc);
-    const std::uint32_t n = capture_->add({std::move(work), std::move(touches), std::move(site)}, std::move(deps_));
-    deps_.assign(1, n);
+    const std::uint32_t n = capture_->add({std::move(work), std::move(touches), std::move(site)}, deps_);
+    deps_.assign(1, n);  // keeps its capacity: no allocation per launch
   } else if (backend_) {  // set only by a seeded backend
     detail::HostScheduler& sc = *backend_->sched_;
     std::lock_guard g(sc.m);
@@ -317,13 +317,20 @@ struct HostGraph {
 std::vector<std::uint32_t> replay_order(const detail::HostCapture& c) {
   const std::size_t n = c.nodes.size();
   std::vector<std::uint32_t> waiting(n, 0);
-  std::vector<std::vector<std::uint32_t>> succ(n);
+  // Successors in one array (offsets per node): no allocation per node.
+  std::vector<std::uint32_t> first(n + 1, 0);
   for (std::uint32_t i = 0; i < n; ++i)
     for (std::uint32_t d : c.nodes[i].deps) {
       ++waiting[i];
-      succ[d].push_back(i);
+      ++first[d + 1];
     }
+  for (std::size_t i = 0; i < n; ++i) first[i + 1] += first[i];
+  std::vector<std::uint32_t> succ(first[n]);
+  std::vector<std::uint32_t> fill(first.begin(), first.end() - 1);
+  for (std::uint32_t i = 0; i < n; ++i)
+    for (std::uint32_t d : c.nodes[i].deps) succ[fill[d]++] = i;
   std::vector<std::uint32_t> ready, order;
+  order.reserve(n);
   for (std::uint32_t i = 0; i < n; ++i)
     if (!waiting[i]) ready.push_back(i);
   while (!ready.empty()) {
@@ -331,8 +338,8 @@ std::vector<std::uint32_t> replay_order(const detail::HostCapture& c) {
     const std::uint32_t i = *it;
     ready.erase(it);
     order.push_back(i);
-    for (std::uint32_t s : succ[i])
-      if (--waiting[s] == 0) ready.push_back(s);
+    for (std::uint32_t k = first[i]; k < first[i + 1]; ++k)
+      if (--waiting[succ[k]] == 0) ready.push_back(succ[k]);
   }
   return order;
 }
