@@ -548,10 +548,12 @@ void ArenaCore::make_free_blocks_ready(Stream s) {
   // those streams (and `s`) so their blocks can coalesce across streams. Streams capturing right
   // now cannot be waited for (illegal during capture); their blocks keep their stream.
   std::vector<void*> streams{stream_tag(s)};
+  std::uint64_t horizon;  // a block released after this may be in use by work queued after the waits
   {
     std::lock_guard g(lock);
     collect_deferred();
     fl.flush_cache();  // cached blocks are free blocks with a release stream too
+    horizon = fl.releases();
     fl.for_each_block([&](const Slab&, const Block& b) {
       if (b.state == BlockState::free && b.stream &&
           std::find(streams.begin(), streams.end(), b.stream) == streams.end())
@@ -566,7 +568,7 @@ void ArenaCore::make_free_blocks_ready(Stream s) {
     synced.push_back(st);
   }
   std::lock_guard g(lock);
-  fl.mark_ready(synced);
+  fl.mark_ready(synced, horizon);
 }
 
 void ArenaCore::trim(Stream s) {
