@@ -1,4 +1,5 @@
 #include "arena_core.hpp"
+#include "graph_audit.hpp"
 
 #include <graphsafe/error.hpp>
 
@@ -135,6 +136,8 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
     st.plan.set_bytes(align_up(st.bump, kAlignment));
     core.capture_planned(st);  // the planner's lifetimes and packed layout into the plan and family
     st.plan.finalize();
+    // Debug mode: prove on the instantiated graph that every reused range is ordered (findings).
+    if (core.opts.debug) [[unlikely]] audit_captured_graph(st, h);
     g = std::make_unique<GraphState>();
     g->opts = st.opts;
   } catch (...) {

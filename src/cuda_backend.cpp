@@ -215,6 +215,28 @@ bool CudaBackend::capture_ordered_after(Stream s, const std::vector<const void*>
   return left.empty();
 }
 
+bool CudaBackend::graph_topology(const GraphHandle& g, GraphTopology& out) const {
+  auto graph = static_cast<cudaGraph_t>(g.graph);
+  if (!graph) return false;
+  std::size_t n = 0, e = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess || cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &e) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  std::vector<cudaGraphNode_t> nodes(n), from(e), to(e);
+  // Edge data is asked for too: without it, edges that carry some (programmatic launches) fail the query.
+  std::vector<cudaGraphEdgeData> data(e);
+  if ((n && cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) ||
+      (e && cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &e) != cudaSuccess)) {
+    cudaGetLastError();
+    return false;
+  }
+  out.nodes.assign(nodes.begin(), nodes.begin() + static_cast<std::ptrdiff_t>(n));
+  out.edges.clear();
+  for (std::size_t i = 0; i < e; ++i) out.edges.emplace_back(from[i], to[i]);
+  return true;
+}
+
 void CudaBackend::launch(const GraphHandle& g, Stream s) {
   GRAPHSAFE_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), s.cuda()));
 }
