@@ -369,9 +369,8 @@ int main(int argc, char** argv) {
     const std::string v = p + "virtual_shared.";
     recs.push_back({v + "physical_bytes", static_cast<double>(sh.committed), "B", v + "peak_live_bytes",
                     static_cast<double>(sh.peak)});
-    recs.push_back({v + "physical_over_peak_live", static_cast<double>(sh.committed) / static_cast<double>(sh.peak), "x",
-                    "", std::nullopt});
-    recs.push_back({v + "peak_live_bytes", static_cast<double>(sh.peak), "B", "", std::nullopt});
+    recs.push_back({v + "physical_over_peak_live", static_cast<double>(sh.committed) / static_cast<double>(sh.peak), "x"});
+    recs.push_back({v + "peak_live_bytes", static_cast<double>(sh.peak), "B"});
     recs.push_back({v + "physical_layout_bytes", static_cast<double>(sh.physical), "B", v + "peak_live_bytes",
                     static_cast<double>(sh.peak)});
     recs.push_back({v + "region_bytes", static_cast<double>(sh.region), "B", v + "physical_bytes",
