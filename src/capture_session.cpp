@@ -34,7 +34,6 @@ void start_session(SessionState& st, const Bindings& b) {
     throw capture_state_error("graphsafe: this stream is already capturing; a capture cannot start inside another "
                               "(end the outer capture first, or capture on another stream)");
   st.plan.set_captured_bindings(b);
-  if (core.opts.debug) [[unlikely]] st.report_mark = debug_report_mark();
   {
     // Earlier captures of this family's function: follow their placement while the sizes match.
     std::lock_guard g(core.lock);
@@ -73,8 +72,11 @@ void start_session(SessionState& st, const Bindings& b) {
     core.backend.begin_capture(st.stream, st.opts.mode);
     st.begun = true;
     const CaptureInfo ci = core.backend.capture_info(st.stream);
-    std::lock_guard g(core.lock);
-    st.capture_id = ci.id;
+    {
+      std::lock_guard g(core.lock);
+      st.capture_id = ci.id;
+    }
+    if (core.observer && !st.planning) [[unlikely]] core.observer->capture_begin(st);
   } catch (...) {
     unregister(st);
     if (!st.planning) core.end_session(st, false);
@@ -87,7 +89,10 @@ void abandon_session(SessionState& st) noexcept {
   st.done = true;
   if (st.begun) st.core->backend.abort_capture(st.stream);
   unregister(st);
-  if (!st.planning) st.core->end_session(st, false);
+  if (st.planning) return;
+  ArenaCore& core = *st.core;
+  core.end_session(st, false);
+  if (core.observer) [[unlikely]] core.observer->capture_end(st, false);
 }
 
 CaptureEstimate finish_estimate(SessionState& st) {
@@ -139,8 +144,10 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
     core.end_session(st, true);  // commit: moves blocks between trees (descriptors are pooled)
   } catch (...) {
     core.backend.destroy(h);  // virtual growth registers the plan with its family (an allocation)
+    if (core.observer) [[unlikely]] core.observer->capture_end(st, false);
     throw;
   }
+  if (core.observer) [[unlikely]] core.observer->capture_end(st, true);
   if (core.opts.report_findings && !core.opts.debug && !st.plan.findings().empty()) {
     std::fprintf(stderr, "graphsafe: capture of family '%s' has %zu finding(s):\n", st.family->name.c_str(),
                  st.plan.findings().size());
@@ -162,10 +169,10 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
     st.family->last_stream = stream_tag(st.stream);
   }
   // Debug mode: the capture's report on stderr (findings of all kinds), NVTX registration. The graph
-  // is whole by now: if the report fails, it is destroyed as any graph is.
-  if (core.opts.debug) [[unlikely]] {
+  // is whole by now: if an observer fails, it is destroyed as any graph is.
+  if (core.observer) [[unlikely]] {
     try {
-      debug_graph_created(*g, st.report_mark);
+      core.observer->graph_created(st, *g);
     } catch (...) {
       destroy_graph(*g);
       throw;

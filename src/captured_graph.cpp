@@ -24,7 +24,7 @@ void destroy_graph(GraphState& g) noexcept {
     } catch (...) {
     }
   }
-  if (core.opts.debug) [[unlikely]] debug_graph_destroyed(g);
+  if (core.observer) [[unlikely]] core.observer->graph_destroyed(g);
   core.backend.destroy(g.handle);
   g.handle = {};
   core.graph_destroyed(*g.family, stream_tag(g.stream));
@@ -45,13 +45,13 @@ void launch_in_family(GraphState& g, Stream s, const std::source_location& loc) 
     last = f.last_stream;
   }
   if (last && last != stream_tag(s)) core.backend.order_after(s, tagged_stream(last));
-  if (core.opts.debug) [[unlikely]] debug_before_launch(g, s, last, loc);
+  if (core.observer) [[unlikely]] core.observer->replay_begin(g, s, last, loc);
   core.backend.launch(g.handle, s);
   {
     std::lock_guard lk(core.lock);
     f.last_stream = stream_tag(s);
   }
-  if (core.opts.debug) [[unlikely]] debug_after_launch(g, s);
+  if (core.observer) [[unlikely]] core.observer->replay_end(g, s);
 }
 }  // namespace detail
 

@@ -68,7 +68,7 @@ VirtualFamily::~VirtualFamily() {
     unmap_except({});
   } catch (...) {
   }
-  if (auto c = core.lock(); c && c->opts.debug) c->debug_slab_removed(base);
+  if (auto c = core.lock(); c && c->observer) c->observer->slab_removed(base);
   if (vm && base) vm->unreserve(base, va_bytes);
 }
 
@@ -428,9 +428,9 @@ void virtual_begin_session(ArenaCore& core, SessionState& st) {
           want /= 2;
         }
       }
-      if (core.opts.debug) {
+      if (core.observer) {
         std::lock_guard g(core.lock);
-        core.debug_slab_added(vf->base, vf->va_bytes, /*nvtx_heap=*/false);
+        core.observer->slab_added(vf->base, vf->va_bytes, /*heap=*/false);
       }
       f.virt = std::move(vf);
       std::lock_guard g(core.virt->m);
