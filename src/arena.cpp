@@ -90,6 +90,7 @@ ArenaCore::ArenaCore(Backend& b, ArenaOptions o) : backend(b), opts(o), id(next_
     guard_bytes = opts.canary_bytes;
     debug = attach_debug_observer(*this);
   }
+  regions = make_region_provider(*this);
 }
 
 void ArenaCore::attach(std::unique_ptr<ArenaObserver> o) {
@@ -628,8 +629,7 @@ void ArenaCore::trim(Stream s) {
   std::rethrow_exception(first);
 }
 
-void ArenaCore::begin_session(SessionState& st) {
-  if (opts.virtual_memory) [[unlikely]] return virtual_begin_session(*this, st);  // src/virtual_commit.cpp
+void ArenaCore::begin_slab_capture(SessionState& st) {
   // Nothing free at all (e.g. another capture holds the largest block): grow now, while the stream
   // is still eager. A capture itself never calls the upstream allocator.
   bool nothing_free;
@@ -685,8 +685,7 @@ void ArenaCore::begin_session(SessionState& st) {
   f.capturing = true;
 }
 
-void ArenaCore::end_session(SessionState& st, bool success) {
-  if (st.virt) [[unlikely]] return virtual_end_session(*this, st, success);  // src/virtual_commit.cpp
+void ArenaCore::end_slab_capture(SessionState& st, bool success) {
   std::lock_guard g(lock);
   Family& f = *st.family;
   f.capturing = false;

@@ -8,6 +8,7 @@
 
 #include "arena_observer.hpp"
 #include "capture_planner.hpp"
+#include "region_provider.hpp"
 #include "free_list.hpp"
 
 #include <atomic>
@@ -222,9 +223,12 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   // Wait for the (non-capturing) streams that released free blocks, then coalesce across them.
   void make_free_blocks_ready(Stream s);
 
-  // Capture lifecycle (used by CaptureSession / CapturedGraph).
-  void begin_session(SessionState& st);
-  void end_session(SessionState& st, bool success);
+  // Capture lifecycle (used by CaptureSession / CapturedGraph): where a family's region comes from
+  // and goes back to is the region provider's (src/region_provider.hpp).
+  std::unique_ptr<RegionProvider> regions;
+  // SlabRegions: the region in this arena's slabs (src/arena.cpp).
+  void begin_slab_capture(SessionState& st);
+  void end_slab_capture(SessionState& st, bool success);
   void graph_destroyed(Family& f, void* stream) noexcept;
   // A capture ended (or an estimate): lifetimes and lower bound into its plan, its best layout to
   // the family for later captures.

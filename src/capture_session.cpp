@@ -48,7 +48,7 @@ void start_session(SessionState& st, const Bindings& b) {
     st.base = kPlanningBase;
     st.limit = 1ull << 62;
   } else {
-    core.begin_session(st);  // takes the region to capture into; throws if there is none
+    core.regions->begin_capture(st);  // takes the region to capture into; throws if there is none
   }
   // The region's memory may have been used eagerly on another stream: order the capture stream
   // after it now, in eager order, so every later replay on this stream follows that work.
@@ -79,7 +79,7 @@ void start_session(SessionState& st, const Bindings& b) {
     if (core.observer && !st.planning) [[unlikely]] core.observer->capture_begin(st);
   } catch (...) {
     unregister(st);
-    if (!st.planning) core.end_session(st, false);
+    if (!st.planning) core.regions->end_capture(st, false);
     throw;
   }
 }
@@ -91,7 +91,7 @@ void abandon_session(SessionState& st) noexcept {
   unregister(st);
   if (st.planning) return;
   ArenaCore& core = *st.core;
-  core.end_session(st, false);
+  core.regions->end_capture(st, false);
   if (core.observer) [[unlikely]] core.observer->capture_end(st, false);
 }
 
@@ -123,7 +123,7 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
     throw;
   }
   // The backend has instantiated the graph: from here a failure must destroy it and give back the
-  // region. Everything that may throw (allocations) runs before end_session hands the region to the
+  // region. Everything that may throw (allocations) runs before end_capture hands the region to the
   // family; a failure then is an abandoned capture.
   std::unique_ptr<GraphState> g;
   try {
@@ -141,7 +141,7 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
   st.done = true;
   unregister(st);
   try {
-    core.end_session(st, true);  // commit: moves blocks between trees (descriptors are pooled)
+    core.regions->end_capture(st, true);  // commit: moves blocks between trees (descriptors are pooled)
   } catch (...) {
     core.backend.destroy(h);  // virtual growth registers the plan with its family (an allocation)
     if (core.observer) [[unlikely]] core.observer->capture_end(st, false);

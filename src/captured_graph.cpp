@@ -27,8 +27,7 @@ void destroy_graph(GraphState& g) noexcept {
   if (core.observer) [[unlikely]] core.observer->graph_destroyed(g);
   core.backend.destroy(g.handle);
   g.handle = {};
-  core.graph_destroyed(*g.family, stream_tag(g.stream));
-  if (g.family->virt) [[unlikely]] virtual_graph_destroyed(core, *g.family);  // idle family: chunks to the pool
+  core.regions->graph_destroyed(*g.family, stream_tag(g.stream));
 }
 
 // Graphs of one family share a region, so their replays are serialized: ordering after the last
