@@ -1,4 +1,5 @@
 #include "arena_core.hpp"
+#include "internal_access.hpp"
 #include "virtual_commit.hpp"
 
 #include <graphsafe/error.hpp>
@@ -816,7 +817,7 @@ CaptureFamily Arena::family(std::string name) {
   f->name = std::move(name);
   f->arena_id = core_->id;
   f->arena = core_;
-  return CaptureFamily(std::move(f));
+  return family_handle(std::move(f));
 }
 
 void Arena::trim(Stream s) { core_->trim(s); }

@@ -1,4 +1,5 @@
 #include "arena_core.hpp"
+#include "internal_access.hpp"
 
 #include <graphsafe/error.hpp>
 
@@ -182,7 +183,7 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
 }
 
 std::shared_ptr<Family> family_of(const CaptureOptions& o, const std::shared_ptr<ArenaCore>& core) {
-  if (o.family) return o.family->impl();
+  if (o.family) return impl_of(*o.family);
   auto f = std::make_shared<Family>();
   f->name = "graph";
   f->arena_id = core->id;
@@ -195,7 +196,7 @@ CaptureEstimate estimate_capture(Arena& arena, Stream s, std::span<const Binding
   CaptureEstimate total;
   for (const Bindings& b : buckets) {
     SessionState st;
-    st.core = arena.core().shared_from_this();
+    st.core = core_of(arena).shared_from_this();
     st.stream = s;
     st.family = family_of(opts, st.core);
     st.opts = opts;
@@ -219,7 +220,7 @@ CaptureEstimate estimate_capture(Arena& arena, Stream s, std::span<const Binding
 
 CaptureSession::CaptureSession(Arena& arena, Stream s, const Bindings& b, CaptureOptions opts)
     : state_(std::make_unique<detail::SessionState>()) {
-  state_->core = arena.core().shared_from_this();
+  state_->core = detail::core_of(arena).shared_from_this();
   state_->stream = s;
   state_->family = detail::family_of(opts, state_->core);
   state_->opts = std::move(opts);

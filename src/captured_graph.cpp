@@ -1,4 +1,5 @@
 #include "arena_core.hpp"
+#include "internal_access.hpp"
 #include "virtual_commit.hpp"
 
 #include <graphsafe/error.hpp>
@@ -135,7 +136,7 @@ void CapturedGraph::replay_unguarded_for_testing(Stream s) {
 const Plan& CapturedGraph::plan() const { return live(state_).plan; }
 std::uint64_t CapturedGraph::reserved_bytes() const { return live(state_).plan.bytes(); }
 std::uint64_t CapturedGraph::recaptures() const { return live(state_).recaptures; }
-CaptureFamily CapturedGraph::family() const { return CaptureFamily(live(state_).family); }
+CaptureFamily CapturedGraph::family() const { return detail::family_handle(live(state_).family); }
 const GraphHandle& CapturedGraph::handle() const { return live(state_).handle; }
 
 }  // namespace graphsafe

@@ -1,6 +1,7 @@
 // Debug mode over the arena: capture findings, canaries (guard regions behind workspaces), NVTX
 // Memory API registration, concurrent family replays; probe() and audit_replay().
 #include "arena_core.hpp"
+#include "internal_access.hpp"
 #include "virtual_commit.hpp"
 
 #include <graphsafe/cuda_backend.hpp>
@@ -842,7 +843,7 @@ void graph_pointers(void* graph, std::vector<CapturedPointer>& out) {
 namespace debug {
 
 void captured_pointer(Arena& arena, Stream s, const void* p, std::string_view what, std::source_location loc) {
-  detail::ArenaCore& core = arena.core();
+  detail::ArenaCore& core = detail::core_of(arena);
   if (!core.debug) return;
   detail::SessionState* st = core.session_for(s);
   if (!st)
@@ -857,7 +858,7 @@ void captured_pointer(Arena& arena, Stream s, const void* p, std::string_view wh
 }
 
 std::vector<Finding> check_canaries(CapturedGraph& graph, Stream s) {
-  detail::GraphState* g = graph.impl();
+  detail::GraphState* g = detail::impl_of(graph);
   if (!g || (!g->handle.exec && !g->handle.graph))
     throw capture_state_error("graphsafe: check_canaries on a graph that was moved from or destroyed");
   detail::ArenaCore& core = *g->core;

@@ -39,6 +39,7 @@ class VirtualMemory;  // graphsafe/virtual_memory.hpp
 namespace detail {
 class ArenaCore;
 struct Family;
+struct InternalAccess;  // the library's own sources reach the private state through it
 bool debug_env_default() noexcept;  // GRAPHSAFE_DEBUG (graphsafe/debug.hpp)
 }  // namespace detail
 
@@ -106,8 +107,6 @@ struct ArenaStats {
 // They share one region sized by their largest plan.
 class CaptureFamily {
  public:
-  explicit CaptureFamily(std::shared_ptr<detail::Family> f) : f_(std::move(f)) {}  // use Arena::family
-  const std::shared_ptr<detail::Family>& impl() const { return f_; }
   const std::string& name() const;
   std::uint64_t region_bytes() const;   // current size of the shared region
   std::uint64_t graphs() const;         // live graphs of the family
@@ -116,6 +115,8 @@ class CaptureFamily {
   std::uint64_t peak_live_bytes() const;    // lower bound on the region: the largest plan's peak live bytes
 
  private:
+  friend struct detail::InternalAccess;
+  explicit CaptureFamily(std::shared_ptr<detail::Family> f) : f_(std::move(f)) {}  // made by Arena::family
   std::shared_ptr<detail::Family> f_;
 };
 
@@ -170,9 +171,8 @@ class Arena {
   Backend& backend() const;
   const ArenaOptions& options() const;
 
-  detail::ArenaCore& core() const { return *core_; }
-
  private:
+  friend struct detail::InternalAccess;
   std::shared_ptr<detail::ArenaCore> core_;
 };
 

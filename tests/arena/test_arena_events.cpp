@@ -8,6 +8,7 @@
 #include <graphsafe/graphsafe.hpp>
 
 #include "arena_core.hpp"
+#include "internal_access.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -83,7 +84,7 @@ TEST_CASE("an observer sees the event sequence of a scripted run", "[arena][obse
   HostBackend backend;
   HostStream s;
   Arena arena(backend, ArenaOptions{.growth_bytes = 4 * kMiB, .report_findings = false, .debug = false});
-  arena.core().attach(std::make_unique<Recorder>(seen));
+  detail::core_of(arena).attach(std::make_unique<Recorder>(seen));
   std::vector<std::string> want;  // what the script says happens, step by step
 
   // Growth and the eager pair. reserve rounds up to 2 MiB; a request no slab fits adds a slab of
@@ -182,7 +183,7 @@ TEST_CASE("debug mode is an observer: another one attached beside it sees the sa
   HostBackend backend;
   HostStream s;
   Arena arena(backend, ArenaOptions{.report_findings = false, .debug = true});
-  arena.core().attach(std::make_unique<Recorder>(seen));
+  detail::core_of(arena).attach(std::make_unique<Recorder>(seen));
   arena.reserve(1 * kMiB, s);
   Bindings b;
   CapturedGraph g = capture(arena, s, b, [&](const Bindings&) { (void)arena.allocate(s, 100); });
