@@ -1,4 +1,5 @@
 #include "arena_core.hpp"
+#include "environment.hpp"
 #include "internal_access.hpp"
 #include "virtual_commit.hpp"
 
@@ -86,6 +87,7 @@ ThreadSlots::~ThreadSlots() {
 
 ArenaCore::ArenaCore(Backend& b, ArenaOptions o) : backend(b), opts(o), id(next_id()) {
   check_options(opts);
+  if (env::debug()) opts.debug = true;  // GRAPHSAFE_DEBUG: debug mode for every arena
   if (opts.debug) {
     opts.always_check_capture = true;
     guard_bytes = opts.canary_bytes;

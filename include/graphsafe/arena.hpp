@@ -40,7 +40,6 @@ namespace detail {
 class ArenaCore;
 struct Family;
 struct InternalAccess;  // the library's own sources reach the private state through it
-bool debug_env_default() noexcept;  // GRAPHSAFE_DEBUG (graphsafe/debug.hpp)
 }  // namespace detail
 
 inline constexpr std::uint64_t kAlignment = 256;
@@ -60,10 +59,11 @@ struct ArenaOptions {
   // way, and refuse requests on streams captured outside graphsafe. Costs ~60 ns per request on an
   // H200; the debug mode turns it on.
   bool always_check_capture = false;
-  // Debug mode (include/graphsafe/debug.hpp, docs/debug_mode.md). Defaults to the GRAPHSAFE_DEBUG
-  // environment variable. Turns on always_check_capture, the debug report, canaries and NVTX
+  // Debug mode (include/graphsafe/debug.hpp, docs/debug_mode.md). Also on for every arena when the
+  // GRAPHSAFE_DEBUG environment variable is set (read when the arena is made; docs/concepts.md,
+  // "Configuration"). Turns on always_check_capture, the debug report, canaries and NVTX
   // registration. Off, it costs one predictable branch per request and per replay.
-  bool debug = detail::debug_env_default();
+  bool debug = false;
   // Debug mode: guard region behind every workspace (bytes; 0 = none; at most 1 GiB).
   std::uint64_t canary_bytes = 256;
   // Debug mode: fill the guard regions with a pattern and check them. Off keeps the (unregistered)
