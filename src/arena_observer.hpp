@@ -40,7 +40,8 @@ class ArenaObserver {
   virtual void request(std::uintptr_t /*addr*/, std::uint64_t /*bytes*/, std::string_view /*name*/,
                        const std::source_location& /*loc*/, Stream /*s*/, bool /*opaque*/) {}
   // An eager workspace at `addr` is released on `stream` (a stream tag), before its block goes back
-  // to the free list. Not locked.
+  // to the free list. Not locked. deallocate() tells it before checking the pointer: one the arena
+  // then refuses (not served eagerly, released twice) is told too.
   virtual void release(std::uintptr_t /*addr*/, void* /*stream*/) noexcept {}
   // A capture began on st.stream (after the backend started it; not for estimates). Not locked.
   virtual void capture_begin(SessionState& /*st*/) {}
