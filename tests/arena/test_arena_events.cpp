@@ -199,3 +199,40 @@ TEST_CASE("debug mode is an observer: another one attached beside it sees the sa
   CHECK(listing(seen) == listing(want));
   debug::clear_findings();
 }
+
+TEST_CASE("virtual growth's region provider tells its reservation as the family's memory", "[arena][observer][virtual]") {
+  std::vector<std::string> seen;
+  HostBackend backend;
+  HostStream s;
+  auto vm = std::make_shared<HostVirtualMemory>(HostVirtualMemoryOptions{.granularity = 64 << 10});
+  Arena arena(backend, ArenaOptions{.report_findings = false,
+                                    .debug = false,
+                                    .virtual_memory = vm,
+                                    .virtual_reserve_bytes = 8 * kMiB});
+  detail::core_of(arena).attach(std::make_unique<Recorder>(seen));
+  const Symbol n = Symbol::dynamic("n", 1 << 20);
+  Bindings b;
+  b.set(n, 1000);
+  std::vector<std::string> want;
+  {
+    CaptureFamily fam = arena.family("prefill");
+    CapturedGraph g = capture(
+        arena, s, b, [&](const Bindings& bb) { Workspace w = arena.request(s, "kv", Extent(n), 4, capacity_bound, bb); },
+        CaptureOptions{.family = fam});
+    // The reservation is made when the family first captures (before the capture begins); the
+    // request takes its bound (4 MiB) of address space at offset 0. No slab is involved.
+    want = {"slab_added " + std::to_string(8 * kMiB) + " reservation", "capture_begin prefill",
+            "captured_request kv " + std::to_string(4 * kMiB) + " +0", "capture_end prefill ok",
+            "graph_created prefill"};
+    CHECK(listing(seen) == listing(want));
+    g.replay(b, s);
+    want.insert(want.end(), {"replay_begin prefill", "replay_end prefill"});
+    CHECK(listing(seen) == listing(want));
+    CHECK(arena.stats().slabs == 0);
+  }
+  // The graph died, then the family's last handle: its reservation goes back.
+  want.push_back("graph_destroyed prefill");
+  REQUIRE(seen.size() == want.size() + 1);
+  CHECK(listing(std::vector<std::string>(seen.begin(), seen.end() - 1)) == listing(want));
+  CHECK(seen.back().rfind("slab_removed @", 0) == 0);
+}
