@@ -1,11 +1,12 @@
 #include "arena_core.hpp"
-#include "internal_access.hpp"
 
 #include <graphsafe/error.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+
+#include "internal_access.hpp"  // Arena and CaptureFamily handles to their state
 
 namespace graphsafe {
 namespace detail {
