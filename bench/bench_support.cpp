@@ -75,6 +75,20 @@ void write_records(const std::string& path, const std::vector<Record>& records, 
   if (!f) throw std::runtime_error("error writing " + path);
 }
 
+double read_json_number(const std::string& path, const std::string& key) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot read " + path + " (" + std::strerror(errno) + ")");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw std::runtime_error(path + " is not JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number())
+    throw std::runtime_error(path + " has no number at \"" + key + "\"");
+  return j[key].get<double>();
+}
+
 void check_writable(const std::string& path) {
   const bool existed = std::filesystem::exists(path);
   std::ofstream probe(path, std::ios::app);

@@ -42,6 +42,11 @@ void write_records(const std::string& path, const std::vector<Record>& records, 
 // nullopt to go on.
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, const std::string& json_path);
 
+// The number at `key` of the JSON object in the file at `path` (another tool's output read back,
+// e.g. bench/torch_capture_pool.py's). Throws std::runtime_error naming the path (and the key) when
+// the file cannot be read, is not JSON, or has no number there.
+double read_json_number(const std::string& path, const std::string& key);
+
 // Throws std::runtime_error naming the path unless it can be written (checked before a long run;
 // an existing file is left as it is).
 void check_writable(const std::string& path);

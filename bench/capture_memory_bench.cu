@@ -20,6 +20,7 @@
 #include <graphsafe/graphsafe.hpp>
 
 #include "bench_support.hpp"
+#include <CLI/CLI.hpp>
 #include <graphsafe/policies/capacity_bound.hpp>
 #include <graphsafe/policies/static_query_bound.hpp>
 
@@ -28,9 +29,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
-#include <iterator>
-#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -49,13 +49,6 @@ struct Options {
   std::string command;
 };
 
-struct Record {
-  std::string name;
-  double value;
-  std::string unit;
-  std::string baseline_name;
-  std::optional<double> baseline;
-};
 
 // A use of a workspace in the graph (a kernel: an estimate's planning capture records it with an
 // address no memory backs, which a kernel's arguments may hold but a memset node's may not).
@@ -206,42 +199,35 @@ std::string show(double bytes) {
 
 int main(int argc, char** argv) {
   Options opt;
-  for (int i = 0; i < argc; ++i) opt.command += (i ? " " : "") + std::string(argv[i]);
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "capture_memory_bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--host") {
-      opt.host = true;
-    } else if (a == "--json") {
-      opt.json = value();
-    } else if (a == "--pattern") {
-      opt.pattern = value();
-    } else if (a == "--torch") {
-      opt.torch = value();
-    } else if (a == "--layers") {
-      opt.layers = std::stoi(value());
-    } else if (a == "--max-model-len") {
-      opt.max_model_len = std::stoi(value());
-    } else if (a == "--sms") {
-      opt.sms = std::stoi(value());
-    } else {
-      std::fprintf(stderr,
-                   "usage: capture_memory_bench [--host] [--json out.json] [--pattern ds4_pattern.json]\n"
-                   "                            [--torch torch_pool.json] [--layers 43] [--max-model-len 65536] [--sms N]\n");
+  opt.command = bench::command_line(argc, argv);
+  CLI::App app("capture_memory_bench: graph memory against its lower bound, the estimate and PyTorch's graph pool",
+               "capture_memory_bench");
+  app.add_flag("--host", opt.host, "the host backend (the CPU twin, smaller shapes)");
+  app.add_option("--json", opt.json, "write the records to this file");
+  app.add_option("--pattern", opt.pattern, "write the DS4 allocation pattern for bench/torch_capture_pool.py");
+  app.add_option("--torch", opt.torch, "PyTorch's graph pool on the pattern (bench/torch_capture_pool.py --json)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--layers", opt.layers, "DS4 layers per decode step")->check(CLI::Range(1, 1024));
+  const CLI::Option* max_len = app.add_option("--max-model-len", opt.max_model_len, "max_model_len (--host: 8192)")
+                                   ->check(CLI::Range(256, 1 << 24));
+  app.add_option("--sms", opt.sms, "SMs the split-K scratch is sized for (default: the device's)")
+      ->check(CLI::Range(1, 4096));
+  if (const auto code = bench::parse_command_line(app, argc, argv, opt.json)) return *code;
+  // The torch script's JSON ({"reserved_bytes": N, ...}), read before the run so a bad file stops it.
+  double torch_bytes = 0;
+  if (!opt.torch.empty()) {
+    try {
+      torch_bytes = bench::read_json_number(opt.torch, "reserved_bytes");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "capture_memory_bench: --torch: %s\n", e.what());
       return 2;
     }
   }
-  if (opt.host && opt.max_model_len == 65536) opt.max_model_len = 8192;  // host memory is shared: lean shapes
+  if (opt.host && max_len->count() == 0) opt.max_model_len = 8192;  // host memory is shared: lean shapes
   Device dev(opt.host);
   if (opt.sms == 0) opt.sms = opt.host ? 132 : ds4::cuda::device_sm_count();
   const std::string machine = dev.machine();
-  std::vector<Record> recs;
+  std::vector<bench::Record> recs;
   double worst_estimate_error = 0;
   std::string worst_estimate_name;
 
@@ -300,12 +286,12 @@ int main(int argc, char** argv) {
                 region / peak, show(static_cast<double>(est.region_bytes)).c_str(), err,
                 show(static_cast<double>(sum_requests)).c_str(), cap_ms, est_ms);
     const std::string p = ds4_tag + name + ".";
-    recs.push_back({p + "region_over_peak_live", region / peak, "x", "", std::nullopt});
+    recs.push_back({p + "region_over_peak_live", region / peak, "x"});
     recs.push_back({p + "region_bytes", region, "B", p + "peak_live_bytes", peak});
-    recs.push_back({p + "peak_live_bytes", peak, "B", "", std::nullopt});
+    recs.push_back({p + "peak_live_bytes", peak, "B"});
     recs.push_back({p + "estimate_bytes", static_cast<double>(est.region_bytes), "B", p + "region_bytes", region});
     recs.push_back({p + "sum_of_workspaces_bytes", static_cast<double>(sum_requests), "B", p + "region_bytes", region});
-    recs.push_back({p + "capture_ms", cap_ms, "ms", "", std::nullopt});
+    recs.push_back({p + "capture_ms", cap_ms, "ms"});
     recs.push_back({p + "estimate_ms", est_ms, "ms", p + "capture_ms", cap_ms});
     if (std::string(name) == "safe") {
       safe_region = fam.region_bytes();
@@ -342,11 +328,11 @@ int main(int argc, char** argv) {
     }
     std::printf("%-10s %12s %12s %10.4f %12s %9.2e   (synthetic, 2 streams, 48 layers)\n", "2stream", show(region).c_str(),
                 show(peak).c_str(), region / peak, show(static_cast<double>(est.region_bytes)).c_str(), err);
-    recs.push_back({"capture_memory.synthetic_2stream.region_over_peak_live", region / peak, "x", "", std::nullopt});
+    recs.push_back({"capture_memory.synthetic_2stream.region_over_peak_live", region / peak, "x"});
     recs.push_back({"capture_memory.synthetic_2stream.region_bytes", region, "B",
                     "capture_memory.synthetic_2stream.peak_live_bytes", peak});
   }
-  recs.push_back({"capture_memory.estimate_relative_error", worst_estimate_error, "fraction", "", std::nullopt});
+  recs.push_back({"capture_memory.estimate_relative_error", worst_estimate_error, "fraction"});
   std::printf("estimate: largest relative error %.3g (%s)\n", worst_estimate_error, worst_estimate_name.c_str());
 
   if (!opt.pattern.empty()) {
@@ -355,33 +341,15 @@ int main(int argc, char** argv) {
     std::printf("pattern for bench/torch_capture_pool.py: %s\n", opt.pattern.c_str());
   }
   if (!opt.torch.empty()) {
-    std::ifstream f(opt.torch);
-    if (!f) {
-      std::fprintf(stderr, "capture_memory_bench: cannot read %s\n", opt.torch.c_str());
-      return 1;
-    }
-    // The torch script's JSON: {"reserved_bytes": N, ...}.
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const auto key = text.find("\"reserved_bytes\"");
-    const auto colon = key == std::string::npos ? key : text.find(':', key);
-    if (colon == std::string::npos) {
-      std::fprintf(stderr, "capture_memory_bench: %s has no \"reserved_bytes\"\n", opt.torch.c_str());
-      return 1;
-    }
-    const double torch_bytes = std::strtod(text.c_str() + colon + 1, nullptr);
     std::printf("PyTorch graph pool on the same pattern: %s reserved; graphsafe (safe): %s -> %.4fx\n",
                 show(torch_bytes).c_str(), show(static_cast<double>(safe_region)).c_str(),
                 static_cast<double>(safe_region) / torch_bytes);
-    recs.push_back({ds4_tag + "region_over_torch_graph_pool", static_cast<double>(safe_region) / torch_bytes, "x", "",
-                    std::nullopt});
+    recs.push_back({ds4_tag + "region_over_torch_graph_pool", static_cast<double>(safe_region) / torch_bytes, "x"});
     recs.push_back({ds4_tag + "safe.region_bytes_vs_torch", static_cast<double>(safe_region), "B",
                     "torch.cuda.graph_pool.reserved_bytes", torch_bytes});
   }
   if (!opt.json.empty()) {
-    std::vector<graphsafe::bench::Record> out;
-    for (const Record& r : recs)
-      out.push_back({r.name, r.value, r.unit, r.baseline ? r.baseline_name : "", r.baseline.value_or(0.0), {}});
-    graphsafe::bench::write_records(opt.json, out, machine, opt.command);
+    bench::write_records(opt.json, recs, machine, opt.command);
   }
   return 0;
 }

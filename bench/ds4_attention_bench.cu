@@ -9,6 +9,11 @@
 // Ceilings measured in the same run: device-to-device copy bandwidth (bytes read + written) and a
 // bf16 cuBLAS GEMM (8192^3, fp32 accumulate, random data). Physical bound of (A) per layer =
 // max(bytes / copy BW, FLOPs / GEMM rate) with bytes = attended KV rows * 584 + q + out.
+// Then the paged-direct path at the other shapes FlashMLA is built for (--variants): V4-Pro (H = 128,
+// K = 1024; records ds4_<type>_B64_H128_*) and two query tokens per request (MTP; query row b*2 + t,
+// token t at position L_b - 2 + t with picks of its own; records ds4_<type>_B64_H64_SQ2_*), whose
+// bound counts each request's distinct rows once (a kernel sharing them between its tokens reads them
+// once) and the FLOPs of every query row.
 // Prints a table; --json PATH writes records {name, value, unit, baseline_name, baseline_value,
 // ratio, machine, command}.
 #ifdef GRAPHSAFE_DS4_TIMELINE
@@ -260,20 +265,26 @@ void paged_attention(const gk::PagedAttentionArgs& a, cudaStream_t st, const gk:
 int main(int argc, char** argv) {
   std::string json_path;
   std::vector<std::string> types = {"c4", "c128", "c1"};
-  int layers = 43, B = 64, H = 64, reps = 10, topk = 512, max_len = 65536;
+  int layers = 43, B = 64, heads_opt = 64, reps = 10, topk_opt = 512, max_len = 65536;
+  std::vector<std::string> variants = {"pro", "sq2"};
   const std::string command = bench::command_line(argc, argv);
   CLI::App app("ds4_attention_bench: DS4 sparse decode attention per layer against the physical bound",
                "ds4_attention_bench");
   app.add_option("--json", json_path, "write the records to this file");
   app.add_option("--layers", layers, "layers with distinct caches per sweep")->check(CLI::Range(1, 1024));
   app.add_option("--batch", B, "requests")->check(CLI::Range(1, 4096));
-  app.add_option("--heads", H, "query heads (64 or 128)")->check(CLI::IsMember({64, 128}));
+  app.add_option("--heads", heads_opt, "query heads (64 or 128)")->check(CLI::IsMember({64, 128}));
   app.add_option("--reps", reps, "graph replays per timing (median)")->check(CLI::Range(1, 100000));
-  app.add_option("--topk", topk, "C4 indexer picks")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--topk", topk_opt, "C4 indexer picks")->check(CLI::Range(1, 1 << 16));
   app.add_option("--max-len", max_len, "max_model_len")->check(CLI::Range(256, 1 << 24));
   app.add_option("--types", types, "layer types, comma-separated")
       ->delimiter(',')
       ->check(CLI::IsMember({"c4", "c128", "c1"}));
+  app.add_option("--variants", variants,
+                 "extra paged-direct shapes after the sweep, comma-separated: pro (V4-Pro: H = 128, K = 1024), "
+                 "sq2 (two query tokens per request), none")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"pro", "sq2", "none"}));
   if (const auto code = bench::parse_command_line(app, argc, argv, json_path)) return *code;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -370,8 +381,13 @@ int main(int argc, char** argv) {
     return r;
   }();
 
-  for (const int ratio : type_list) {
+  // One layer type at one shape: H heads, C4 top-k `topk`, `sq` query tokens per request (query row
+  // b*sq + t, token t at position L_b - sq + t). `full`: also the gather path (one query token only).
+  auto run_shape = [&](const int ratio, const int H, const int topk, const int sq, const bool full) {
     const std::string tname = ratio == 1 ? "C1" : (ratio == 4 ? "C4" : "C128");
+    const int R = B * sq;  // query rows
+    // The one-token length of query row r (ds4::query_token_rows).
+    auto row_len = [&](int r) { return lens[r / sq] == 0 ? 0 : std::max(lens[r / sq] - sq + 1 + r % sq, 0); };
     const int W = 128, sbt = ds4::kSwaBlockTokens;
     const int E = ratio > 1 ? 256 / ratio : 0;
     const int cap = ratio > 1 ? (max_len + ratio - 1) / ratio : 0;
@@ -405,36 +421,49 @@ int main(int argc, char** argv) {
     }
     std::vector<std::int32_t> picks;
     if (ratio == 4) {
-      picks.assign(static_cast<std::size_t>(B) * topk, -1);
-      for (int b = 0; b < B; ++b) {
-        std::vector<std::int32_t> ids(ncs[b]);
+      picks.assign(static_cast<std::size_t>(R) * topk, -1);
+      for (int r = 0; r < R; ++r) {
+        const int nc = row_len(r) / 4;
+        std::vector<std::int32_t> ids(nc);
         std::iota(ids.begin(), ids.end(), 0);
-        const int len = std::min(ncs[b], topk);
+        const int len = std::min(nc, topk);
         for (int i = 0; i < len; ++i) {
-          std::uniform_int_distribution<int> u(i, ncs[b] - 1);
+          std::uniform_int_distribution<int> u(i, nc - 1);
           std::swap(ids[i], ids[u(rng)]);
-          picks[b * topk + i] = ids[i];
+          picks[static_cast<std::size_t>(r) * topk + i] = ids[i];
         }
       }
     }
-    long long rows_total = 0;
-    for (int b = 0; b < B; ++b)
-      rows_total += std::min(lens[b], W) + (ratio == 4 ? std::min(ncs[b], topk) : (ratio > 1 ? std::min(ncs[b], cw) : 0));
-    const double kv_bytes = double(rows_total) * ds4::kTokenBytes;
-    const double io_bytes = kv_bytes + 2.0 * B * H * 512 * 2;  // + q read + out write
+    // rows_total: rows attended summed over the query rows (the FLOPs); unique_rows: the distinct
+    // cache rows of each request (the bytes a kernel sharing rows between its tokens reads).
+    long long rows_total = 0, unique_rows = 0;
+    for (int b = 0; b < B; ++b) {
+      std::vector<std::int64_t> seen;
+      for (int t = 0; t < sq; ++t) {
+        const int r = b * sq + t, L = row_len(r), nc = ratio > 1 ? L / ratio : 0;
+        const int ncmp = ratio == 4 ? std::min(nc, topk) : (ratio > 1 ? std::min(nc, cw) : 0);
+        rows_total += std::min(L, W) + ncmp;
+        for (int i = 0; i < ncmp; ++i) seen.push_back(ratio == 4 ? picks[static_cast<std::size_t>(r) * topk + i] : i);
+        for (int pos = L - std::min(L, W); pos < L; ++pos) seen.push_back((std::int64_t(1) << 40) + pos);
+      }
+      std::sort(seen.begin(), seen.end());
+      unique_rows += std::unique(seen.begin(), seen.end()) - seen.begin();
+    }
+    const double kv_bytes = double(unique_rows) * ds4::kTokenBytes;
+    const double io_bytes = kv_bytes + 2.0 * R * H * 512 * 2;  // + q read + out write
     const double flops = 4.0 * double(rows_total) * H * 512;
 
     // device buffers
     auto* d_lens = dalloc<std::int32_t>(B);
     auto* d_stab = dalloc<std::int32_t>(stab.size());
     auto* d_ctab = dalloc<std::int32_t>(ctab.size());
-    auto* d_picks = dalloc<std::int32_t>(std::max<std::size_t>(1, picks.size()));
+    auto* d_picks = dalloc<std::int32_t>(std::max<std::size_t>(1, picks.size()));  // [R, topk]
     CK(cudaMemcpy(d_lens, lens.data(), B * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_stab, stab.data(), stab.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_ctab, ctab.data(), ctab.size() * 4, cudaMemcpyHostToDevice));
     if (!picks.empty()) CK(cudaMemcpy(d_picks, picks.data(), picks.size() * 4, cudaMemcpyHostToDevice));
-    auto* d_q = dalloc<std::uint16_t>(std::size_t(B) * H * 512);
-    fill_bf16_kernel<<<512, 256, 0, st>>>(d_q, std::size_t(B) * H * 512, 99);
+    auto* d_q = dalloc<std::uint16_t>(std::size_t(R) * H * 512);
+    fill_bf16_kernel<<<512, 256, 0, st>>>(d_q, std::size_t(R) * H * 512, 99);
     std::vector<float> sink(H);
     for (int h = 0; h < H; ++h) sink[h] = -2.f + 4.f * float(h) / H;
     auto* d_sink = dalloc<float>(H);
@@ -459,23 +488,23 @@ int main(int argc, char** argv) {
     CK(cudaStreamSynchronize(st));
 
     // indices (paged-direct), shared by the layers
-    auto* cmp_idx = dalloc<std::int32_t>(std::size_t(B) * std::max(cw, 1));
-    auto* cmp_lens = dalloc<std::int32_t>(B);
-    auto* swa_idx = dalloc<std::int32_t>(std::size_t(B) * W);
-    auto* swa_lens = dalloc<std::int32_t>(B);
+    auto* cmp_idx = dalloc<std::int32_t>(std::size_t(R) * std::max(cw, 1));
+    auto* cmp_lens = dalloc<std::int32_t>(R);
+    auto* swa_idx = dalloc<std::int32_t>(std::size_t(R) * W);
+    auto* swa_lens = dalloc<std::int32_t>(R);
     gk::PagedIndexArgs pi;
-    pi.batch = B; pi.ratio = ratio; pi.window = W; pi.topk = topk; pi.cmp_width = cw;
+    pi.batch = B; pi.query_tokens = sq; pi.ratio = ratio; pi.window = W; pi.topk = topk; pi.cmp_width = cw;
     pi.seq_lens = d_lens; pi.topk_local = ratio == 4 ? d_picks : nullptr;
     pi.swa_block_table = d_stab; pi.swa_blocks_per_req = sbpr; pi.swa_block_tokens = sbt;
     pi.cmp_block_table = d_ctab; pi.cmp_blocks_per_req = cbpr; pi.cmp_block_entries = E;
     pi.cmp_idx = ratio > 1 ? cmp_idx : nullptr; pi.cmp_lens = cmp_lens; pi.swa_idx = swa_idx; pi.swa_lens = swa_lens;
     gk::combine_paged(pi, st);
 
-    const int splits = gk::choose_splits(B, H, cw + W, gk::device_sm_count());
-    auto* scratch = dalloc<std::uint8_t>(gk::sparse_attention_scratch_bytes(B, H, splits));
-    auto* out = dalloc<std::uint16_t>(std::size_t(B) * H * 512);
+    const int splits = gk::choose_splits(R, H, cw + W, gk::device_sm_count());
+    auto* scratch = dalloc<std::uint8_t>(gk::sparse_attention_scratch_bytes(R, H, splits));
+    auto* out = dalloc<std::uint16_t>(std::size_t(R) * H * 512);
     gk::PagedAttentionArgs pa;
-    pa.c.batch = B; pa.c.heads = H; pa.c.q = d_q; pa.c.sink = d_sink; pa.c.out = out;
+    pa.c.batch = R; pa.c.heads = H; pa.c.q = d_q; pa.c.sink = d_sink; pa.c.out = out;
     pa.c.splits = splits; pa.c.scratch = scratch;
     pa.swa_idx = swa_idx; pa.swa_width = W; pa.swa_lens = swa_lens;
     if (ratio > 1) { pa.cmp_idx = cmp_idx; pa.cmp_width = cw; pa.cmp_lens = cmp_lens; }
@@ -503,9 +532,46 @@ int main(int argc, char** argv) {
       int khz = 0;
       CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
       std::printf("%s paged-direct, ", ratio == 1 ? "C1" : (ratio == 4 ? "C4" : "C128"));
-      print_timeline(tl::timeline_read(), B * (H / 64) * gk::choose_splits(B, H, cw + W, gk::device_sm_count()), khz / 1e6);
+      print_timeline(tl::timeline_read(), R * (H / 64) * splits, khz / 1e6);
     }
 #endif
+
+    const double bound_us = std::max(io_bytes / copy_bw, flops / tc_rate) * 1e6;
+    const double gbs = io_bytes / (us_paged * 1e-6) / 1e9, tfs = flops / (us_paged * 1e-6) / 1e12;
+    const std::string label = "A paged-direct" + std::string(H != heads_opt || topk != topk_opt ? " H" + std::to_string(H) + " K" + std::to_string(topk) : "") +
+                              (sq > 1 ? " s_q=" + std::to_string(sq) : "");
+    std::printf("%-6s %-28s %10.2f %10.2f %10.0f %10.1f %8.2f\n", tname.c_str(), label.c_str(), us_paged, kv_bytes / 1e6, gbs,
+                tfs, us_paged / bound_us);
+    std::printf("%-6s %-28s %10.2f\n", tname.c_str(), "  index build (combine_paged)", us_idx);
+    std::printf("%-6s %-28s %10.2f   (bytes %.2f MB -> %.2f us at copy BW; %.3f GFLOP -> %.2f us at GEMM rate)\n",
+                tname.c_str(), "  physical bound", bound_us, io_bytes / 1e6, io_bytes / copy_bw * 1e6, flops / 1e9,
+                flops / tc_rate * 1e6);
+    const std::string p = "ds4_" + tname + "_B" + std::to_string(B) + "_H" + std::to_string(H) +
+                          (sq > 1 ? "_SQ" + std::to_string(sq) : "") + (engine_name == "ws" ? "" : "_" + engine_name);
+    recs.push_back({p + "_paged_direct_us_per_layer", us_paged, "us", "physical_bound_us", bound_us, us_paged / bound_us});
+    recs.push_back({p + "_paged_direct_effective_bandwidth", gbs, "GB/s", "d2d_copy_bandwidth", copy_bw / 1e9, gbs / (copy_bw / 1e9)});
+    recs.push_back({p + "_paged_direct_tflops", tfs, "TFLOP/s", "cublas_bf16_gemm_rate", tc_rate / 1e12, tfs / (tc_rate / 1e12)});
+    recs.push_back({p + "_kv_bytes_per_layer", kv_bytes, "B", "", 0, 0});
+    recs.push_back({p + "_index_build_us_per_layer", us_idx, "us", "", 0, 0});
+    recs.push_back({p + "_physical_bound_us", bound_us, "us", "", 0, 0});
+    auto release = [&](std::vector<void*> extra) {
+      for (auto* o : owned) CK(cudaFree(o));
+      for (void* x : std::vector<void*>{d_lens, d_stab, d_ctab, d_picks, d_q, d_sink, cmp_idx, cmp_lens, swa_idx, swa_lens,
+                                        scratch, out})
+        CK(cudaFree(x));
+      for (void* x : extra) CK(cudaFree(x));
+    };
+    if (!full) {
+      std::size_t nonfinite = 0;
+      std::vector<std::uint16_t> o1(std::size_t(R) * H * 512);
+      CK(cudaMemcpy(o1.data(), out, o1.size() * 2, cudaMemcpyDeviceToHost));
+      for (auto v : o1) nonfinite += ((v & 0x7F80) == 0x7F80);
+      std::printf("%-6s   splits %d, query rows %d, rows attended %lld (distinct %lld), non-finite outputs: %zu\n", tname.c_str(),
+                  splits, R, rows_total, unique_rows, nonfinite);
+      for (auto* g : {g_idx, g_paged}) CK(cudaGraphExecDestroy(g));
+      release({});
+      return;
+    }
 
     // gather path with capacity sizes (N = ceil(max_len / r), M = N + W)
     const long long N = cap, M = N + W;
@@ -558,37 +624,25 @@ int main(int argc, char** argv) {
     std::size_t nonfinite = 0;
     for (auto v : o1) nonfinite += ((v & 0x7F80) == 0x7F80);
 
-    const double bound_us = std::max(io_bytes / copy_bw, flops / tc_rate) * 1e6;
-    const double gbs = io_bytes / (us_paged * 1e-6) / 1e9, tfs = flops / (us_paged * 1e-6) / 1e12;
-    std::printf("%-6s %-28s %10.2f %10.2f %10.0f %10.1f %8.2f\n", tname.c_str(), "A paged-direct attention", us_paged,
-                kv_bytes / 1e6, gbs, tfs, us_paged / bound_us);
-    std::printf("%-6s %-28s %10.2f\n", tname.c_str(), "  index build (combine_paged)", us_idx);
     std::printf("%-6s %-28s %10.2f %10s %10s %10s %8.2f\n", tname.c_str(), "B gather path (all 3 steps)", us_gpath, "", "", "",
                 us_gpath / bound_us);
     std::printf("%-6s %-28s %10.2f   (one shared workspace: rows L2-warm)\n", tname.c_str(), "  B attention over workspace", us_wsonly);
-    std::printf("%-6s %-28s %10.2f   (bytes %.2f MB -> %.2f us at copy BW; %.3f GFLOP -> %.2f us at GEMM rate)\n",
-                tname.c_str(), "  physical bound", bound_us, io_bytes / 1e6, io_bytes / copy_bw * 1e6, flops / 1e9,
-                flops / tc_rate * 1e6);
     std::printf("%-6s   splits %d, rows attended %lld, paged==gather bitwise: %s, non-finite outputs: %zu\n", tname.c_str(),
                 splits, rows_total, same ? "yes" : "NO", nonfinite);
 
-    const std::string p = "ds4_" + tname + "_B" + std::to_string(B) + "_H" + std::to_string(H) +
-                          (engine_name == "ws" ? "" : "_" + engine_name);
-    recs.push_back({p + "_paged_direct_us_per_layer", us_paged, "us", "physical_bound_us", bound_us, us_paged / bound_us});
-    recs.push_back({p + "_paged_direct_effective_bandwidth", gbs, "GB/s", "d2d_copy_bandwidth", copy_bw / 1e9, gbs / (copy_bw / 1e9)});
-    recs.push_back({p + "_paged_direct_tflops", tfs, "TFLOP/s", "cublas_bf16_gemm_rate", tc_rate / 1e12, tfs / (tc_rate / 1e12)});
-    recs.push_back({p + "_kv_bytes_per_layer", kv_bytes, "B", "", 0, 0});
-    recs.push_back({p + "_index_build_us_per_layer", us_idx, "us", "", 0, 0});
     recs.push_back({p + "_gather_path_us_per_layer", us_gpath, "us", p + "_paged_direct_us_per_layer", us_paged, us_gpath / us_paged});
     recs.push_back({p + "_workspace_attention_l2warm_us_per_layer", us_wsonly, "us", p + "_paged_direct_us_per_layer", us_paged,
                     us_wsonly / us_paged});
-    recs.push_back({p + "_physical_bound_us", bound_us, "us", "", 0, 0});
 
     for (auto* g : {g_idx, g_paged, g_gather, g_wsonly}) CK(cudaGraphExecDestroy(g));
-    for (auto* o : owned) CK(cudaFree(o));
-    for (void* x : std::vector<void*>{d_lens, d_stab, d_ctab, d_picks, d_q, d_sink, cmp_idx, cmp_lens, swa_idx, swa_lens,
-                                      scratch, out, ws, gidx, glens})
-      CK(cudaFree(x));
+    release({ws, gidx, glens});
+  };
+  for (const int ratio : type_list) run_shape(ratio, heads_opt, topk_opt, 1, true);
+  for (const std::string& v : variants) {
+    if (v == "pro")  // V4-Pro: 128 heads, top-k 1024
+      for (const int ratio : type_list) run_shape(ratio, 128, 1024, 1, false);
+    if (v == "sq2")  // one MTP draft token: two query tokens per request
+      for (const int ratio : type_list) run_shape(ratio, heads_opt, topk_opt, 2, false);
   }
 
   if (!json_path.empty()) {

@@ -1,6 +1,13 @@
 // DS4 lightning indexer benchmark (docs/ds4_model.md §2.3, §7.2 shape): B = 64 requests, 64 index
-// heads of dim 128, K = 512, max_model_len = 65,536, context lengths uniform in [1, 65,536] (fixed
-// seed), so n_c = L / 4 compressed rows per request (up to 16,384).
+// heads of dim 128, K = 512, max_model_len = 65,536, context lengths in [1, 65,536] from the LCG that
+// bench/ds4_attention_bench.cu and the PyTorch peers use, so n_c = L / 4 compressed rows per request
+// (up to 16,384).
+//
+// It also times the whole C4 decode step of one layer, as an engine runs it: indexer scores, top-k,
+// the paged index combine and the paged-direct attention (H = 64 query heads, W = 128) over distinct
+// per-layer attention caches, captured, ds4_C4_B64_H64_decode_step_us_per_layer. --torch-json (from
+// bench/torch_ds4_c4_step.py, run beside it) puts PyTorch's figure for the same step next to it
+// (that record's ratio: PyTorch's time / ours; the other ratios: ours / the physical bound).
 //
 // `--layers` (default 8) layers with DISTINCT indexer caches (same block tables and lengths,
 // different bytes) so a sweep reads its keys from HBM, not L2. A CUDA Graph of the sweep is replayed
@@ -13,17 +20,24 @@
 // memory term at this shape). Prints a table; --json PATH writes records {name, value, unit,
 // baseline_name, baseline_value, ratio, machine, command}.
 #include <graphsafe/ds4/indexer_kernels.hpp>
+#include <graphsafe/ds4/kernels.hpp>
+#include <graphsafe/ds4/layout.hpp>
 
 #include "bench_support.hpp"
 
 #include <CLI/CLI.hpp>
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <fstream>
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -60,6 +74,37 @@ __global__ void fill_scales(ds4::IndexerCache c, float value) {
     *reinterpret_cast<float*>(c.base + blk * c.stride + c.block_rows * ds4::kIndexerRowBytes + t * 4) =
         value * (1.0f + 0.001f * static_cast<float>(t));
   }
+}
+
+__device__ __forceinline__ std::uint32_t hash32(std::uint64_t x) {
+  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
+  return static_cast<std::uint32_t>(x);
+}
+__device__ __forceinline__ std::uint16_t rand_bf16(std::uint32_t h) {  // uniform in [-1, 1)
+  const float f = static_cast<float>(h & 0xFFFFFF) / 8388608.0f - 1.0f;
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+// Valid fp8_ds_mla bytes (|fp8| < 2, UE8M0 scales 124..127, bf16 rope), as ds4_attention_bench.
+__global__ void fill_mla_cache(std::uint32_t* words, std::size_t nwords, int bs, std::size_t stride, std::uint64_t seed) {
+  for (std::size_t w = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; w < nwords;
+       w += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t r = (w * 4) % stride;
+    const std::uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ULL + w);
+    std::uint32_t v = 0;
+    if (r < static_cast<std::size_t>(bs) * 576) {
+      if (r % 576 < 448) v = h & 0xBFBFBFBFu;
+      else v = rand_bf16(h) | (static_cast<std::uint32_t>(rand_bf16(hash32(h + 7))) << 16);
+    } else if (r < static_cast<std::size_t>(bs) * 584) {
+      const std::size_t k0 = (r - static_cast<std::size_t>(bs) * 576) % 8;
+      for (int i = 0; i < 4; ++i) v |= ((k0 + i) < 7 ? 124u + ((h >> (8 * i)) & 3u) : 0u) << (8 * i);
+    }
+    words[w] = v;
+  }
+}
+__global__ void fill_bf16(std::uint16_t* p, std::size_t n, std::uint64_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    p[i] = rand_bf16(hash32(seed * 0x9E3779B97F4A7C15ULL + i));
 }
 
 __global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, std::size_t n) {
@@ -103,7 +148,7 @@ double median_graph_us(cudaStream_t st, int reps, F&& enqueue) {
 
 int main(int argc, char** argv) {
   CLI::App app("ds4_indexer_bench: scores + top-k per C4 layer against the physical bound", "ds4_indexer_bench");
-  std::string json_path;
+  std::string json_path, torch_json;
   int layers = 8, batch = 64, topk = 512, max_len = 65536, reps = 20;
   app.add_option("--json", json_path, "write the records to this file");
   app.add_option("--layers", layers, "layers with distinct caches")->check(CLI::Range(1, 64));
@@ -111,6 +156,7 @@ int main(int argc, char** argv) {
   app.add_option("--topk", topk, "K")->check(CLI::Range(1, 4096));
   app.add_option("--max-len", max_len, "max_model_len (tokens)")->check(CLI::Range(4, 1 << 20));
   app.add_option("--reps", reps, "timed replays")->check(CLI::Range(1, 1000));
+  app.add_option("--torch-json", torch_json, "PyTorch's C4 step (bench/torch_ds4_c4_step.py --json) for the ratio");
   if (const auto code = graphsafe::bench::parse_command_line(app, argc, argv, json_path)) return *code;
   const std::string command = graphsafe::bench::command_line(argc, argv);
 
@@ -127,7 +173,13 @@ int main(int argc, char** argv) {
   // Lengths and block tables (shuffled physical blocks, as a paged allocator leaves them).
   std::mt19937_64 rng(2024);
   std::vector<std::int32_t> lens(batch);
-  for (auto& l : lens) l = 1 + static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(max_len));
+  {
+    std::uint64_t x = 12345;
+    for (auto& l : lens) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      l = 1 + static_cast<std::int32_t>((x >> 33) % static_cast<std::uint64_t>(max_len));
+    }
+  }
   const int cap_rows = max_len / ds4::kIndexerRatio;
   const int block_rows = ds4::IndexerCache{}.block_rows;
   const int blocks_per_req = (cap_rows + block_rows - 1) / block_rows;
@@ -195,6 +247,76 @@ int main(int argc, char** argv) {
   const double topk_us = median_graph_us(st, reps, [&] { for (int l = 0; l < layers; ++l) select(); }) / layers;
   const double both_us = median_graph_us(st, reps, [&] { for (int l = 0; l < layers; ++l) { score(l); select(); } }) / layers;
 
+  // ---- the whole C4 step: indexer, top-k, paged combine, paged-direct attention -----------------
+  constexpr int H = 64, W = 128, sbt = ds4::kSwaBlockTokens;
+  const int E = ds4::IndexerCache{}.block_rows;  // C4 compressed blocks: 256 / 4 entries, the indexer's table
+  const std::size_t cstride = ds4::block_stride_bytes(E), sstride = ds4::block_stride_bytes(sbt);
+  const int sbpr = (max_len + sbt - 1) / sbt;
+  std::vector<std::int32_t> stab(static_cast<std::size_t>(batch) * sbpr, -1);
+  int snb = 0;
+  for (int b = 0; b < batch; ++b)
+    for (int blk = std::max(0, lens[b] - W) / sbt; blk <= (lens[b] - 1) / sbt; ++blk) stab[static_cast<std::size_t>(b) * sbpr + blk] = snb++;
+  std::vector<gk::DeviceBytes> att_mem;
+  std::vector<ds4::PagedCache> swa(layers), cmp(layers);
+  for (int l = 0; l < layers; ++l) {
+    att_mem.push_back(gk::device_alloc(static_cast<std::size_t>(num_blocks) * cstride));
+    fill_mla_cache<<<4096, 256, 0, st>>>(reinterpret_cast<std::uint32_t*>(att_mem.back().get()), num_blocks * cstride / 4, E, cstride, 5000 + l);
+    cmp[l] = {att_mem.back().get(), E, num_blocks, cstride};
+    att_mem.push_back(gk::device_alloc(static_cast<std::size_t>(snb) * sstride));
+    fill_mla_cache<<<1024, 256, 0, st>>>(reinterpret_cast<std::uint32_t*>(att_mem.back().get()), snb * sstride / 4, sbt, sstride, 1000 + l);
+    swa[l] = {att_mem.back().get(), sbt, snb, sstride};
+  }
+  auto dstab = gk::device_alloc(stab.size() * 4), dq = gk::device_alloc(static_cast<std::size_t>(batch) * H * 512 * 2);
+  CK(cudaMemcpy(dstab.get(), stab.data(), stab.size() * 4, cudaMemcpyHostToDevice));
+  fill_bf16<<<512, 256, 0, st>>>(reinterpret_cast<std::uint16_t*>(dq.get()), static_cast<std::size_t>(batch) * H * 512, 99);
+  std::vector<float> sink(H);
+  for (int h = 0; h < H; ++h) sink[h] = -2.f + 4.f * static_cast<float>(h) / H;
+  auto dsink = gk::device_alloc(H * 4);
+  CK(cudaMemcpy(dsink.get(), sink.data(), H * 4, cudaMemcpyHostToDevice));
+  auto cmp_idx = gk::device_alloc(static_cast<std::size_t>(batch) * topk * 4), cmp_lens = gk::device_alloc(batch * 4);
+  auto swa_idx = gk::device_alloc(static_cast<std::size_t>(batch) * W * 4), swa_lens = gk::device_alloc(batch * 4);
+  const int splits = gk::choose_splits(batch, H, ((topk + W + 127) / 128) * 128, gk::device_sm_count());
+  auto scratch = gk::device_alloc(std::max<std::size_t>(16, gk::sparse_attention_scratch_bytes(batch, H, splits)));
+  auto out = gk::device_alloc(static_cast<std::size_t>(batch) * H * 512 * 2);
+  gk::PagedIndexArgs pi;
+  pi.batch = batch; pi.ratio = 4; pi.window = W; pi.topk = topk; pi.cmp_width = topk;
+  pi.seq_lens = reinterpret_cast<const std::int32_t*>(dlens.get());
+  pi.topk_local = reinterpret_cast<const std::int32_t*>(top.get());
+  pi.swa_block_table = reinterpret_cast<const std::int32_t*>(dstab.get()); pi.swa_blocks_per_req = sbpr; pi.swa_block_tokens = sbt;
+  pi.cmp_block_table = reinterpret_cast<const std::int32_t*>(dtable.get()); pi.cmp_blocks_per_req = blocks_per_req;
+  pi.cmp_block_entries = E;
+  pi.cmp_idx = reinterpret_cast<std::int32_t*>(cmp_idx.get()); pi.cmp_lens = reinterpret_cast<std::int32_t*>(cmp_lens.get());
+  pi.swa_idx = reinterpret_cast<std::int32_t*>(swa_idx.get()); pi.swa_lens = reinterpret_cast<std::int32_t*>(swa_lens.get());
+  gk::PagedAttentionArgs pa;
+  pa.c.batch = batch; pa.c.heads = H; pa.c.q = reinterpret_cast<const std::uint16_t*>(dq.get());
+  pa.c.sink = reinterpret_cast<const float*>(dsink.get()); pa.c.out = reinterpret_cast<std::uint16_t*>(out.get());
+  pa.c.splits = splits; pa.c.scratch = scratch.get();
+  pa.swa_idx = pi.swa_idx; pa.swa_width = W; pa.swa_lens = pi.swa_lens;
+  pa.cmp_idx = pi.cmp_idx; pa.cmp_width = topk; pa.cmp_lens = pi.cmp_lens;
+  auto step = [&](int l) {
+    score(l);
+    select();
+    gk::combine_paged(pi, st);
+    pa.swa = swa[l];
+    pa.cmp = cmp[l];
+    gk::sparse_attention_paged(pa, st);
+  };
+  step(0);  // eager first call: one-time kernel attribute setup outside the capture
+  CK(cudaStreamSynchronize(st));
+  const double step_us = median_graph_us(st, reps, [&] { for (int l = 0; l < layers; ++l) step(l); }) / layers;
+  const double attn_us = median_graph_us(st, reps, [&] {
+    for (int l = 0; l < layers; ++l) { gk::combine_paged(pi, st); pa.swa = swa[l]; pa.cmp = cmp[l]; gk::sparse_attention_paged(pa, st); }
+  }) / layers;
+  std::optional<double> torch_us;
+  if (!torch_json.empty()) {
+    std::ifstream f(torch_json);
+    const auto j = nlohmann::json::parse(f);
+    for (const auto& r : j)
+      if (r.at("name").get<std::string>() == "ds4_C4_B" + std::to_string(batch) + "_H64_torch_decode_step_us_per_layer")
+        torch_us = r.at("value").get<double>();
+    if (!torch_us) std::fprintf(stderr, "ds4_indexer_bench: no torch step record in %s\n", torch_json.c_str());
+  }
+
   const double bytes = static_cast<double>(rows_read) * (ds4::kIndexerRowBytes + ds4::kIndexerScaleBytes);
   const double flops = static_cast<double>(rows_read) * 2.0 * ds4::kIndexerHeads * ds4::kIndexerDim;
   const double bound_us = std::max(bytes / copy_bw, flops / kFp8PeakFlops) * 1e6;
@@ -208,6 +330,9 @@ int main(int argc, char** argv) {
   std::printf("%-24s %10.2f %10s\n", "top-k", topk_us, "");
   std::printf("%-24s %10.2f %10.2f\n", "scores + top-k", both_us, both_us / bound_us);
   std::printf("%-24s %10.2f\n", "physical bound", bound_us);
+  std::printf("C4 decode step (H=%d, W=%d): %.2f us/layer (combine + paged attention alone %.2f)", H, W, step_us, attn_us);
+  if (torch_us) std::printf("; PyTorch %.1f us/layer = %.1fx", *torch_us, *torch_us / step_us);
+  std::printf("\n");
 
   if (!json_path.empty()) {
     namespace gb = graphsafe::bench;
@@ -217,6 +342,13 @@ int main(int argc, char** argv) {
     recs.push_back({p + "_score_us_per_layer", score_us, "us", "physical_bound_us", bound_us, score_us / bound_us});
     recs.push_back({p + "_topk_us_per_layer", topk_us, "us", "", 0, {}});
     recs.push_back({p + "_physical_bound_us", bound_us, "us", "", 0, {}});
+    const std::string sp = "ds4_C4_B" + std::to_string(batch) + "_H64";
+    if (torch_us)
+      recs.push_back({sp + "_decode_step_us_per_layer", step_us, "us", sp + "_torch_decode_step_us_per_layer", *torch_us,
+                      *torch_us / step_us});
+    else
+      recs.push_back({sp + "_decode_step_us_per_layer", step_us, "us", "", 0, {}});
+    recs.push_back({sp + "_decode_step_attention_us_per_layer", attn_us, "us", "", 0, {}});
     gb::write_records(json_path, recs, prop.name, command);
     std::printf("wrote %zu records to %s\n", recs.size(), json_path.c_str());
   }

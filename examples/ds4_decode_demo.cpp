@@ -2,9 +2,18 @@
 // main command.
 //
 // A V4-Flash-like layer schedule (layers 0 and 1 SWA-only, then C4 and C128 alternating; 43 layers by
-// default) runs the gather-to-workspace decode path (graphsafe::ds4::GatherDecode: combine indices,
-// gather the fp8 caches into a bf16 workspace [R, N + G, 512], sparse attention with sink) with every
-// workspace and the row counts N and G sized through graphsafe. For each sizing policy it
+// default) runs one of two decode paths (--path), every workspace and every row count sized through
+// graphsafe:
+//   --path paged   (default) the paged-direct path: on C4 layers the lightning indexer
+//                  (graphsafe::ds4::IndexerDecode: scores on fp8 tensor cores, top-k) picks the
+//                  compressed rows, then graphsafe::ds4::PagedDecode combines the paged indices and
+//                  attends straight from the fp8 caches. The indexer's logits row stride N is the
+//                  size a graph freezes.
+//   --path gather  the gather-to-workspace path (graphsafe::ds4::GatherDecode: combine indices,
+//                  gather the fp8 caches into a bf16 workspace [R, N + G, 512], sparse attention with
+//                  sink), the path whose frozen N and G overwrite rows when sized at capture.
+//   --path both    the two in turn.
+// For each path and sizing policy it
 //   1. captures one graph per batch bucket (8, 16, 32, 64 for --batch 64) in one capture family,
 //   2. decodes a growth trace: requests with prompts of mixed lengths (short, medium, long, very long)
 //      grow by one token per decode step past their capture-time lengths, the active batch varies so
@@ -16,7 +25,7 @@
 //
 //   --policy capacity      N and G by capacity_bound (seq_lens <= max_model_len)
 //   --policy static-query  N by capacity_bound, G by static_query_bound(W) (ds4::Sizing::safe)
-//   --policy exact         N and G exact at capture (the seed's sizing): debug mode's capture-time
+//   --policy exact         N (and G) exact at capture (the seed's sizing): debug mode's capture-time
 //                          finding with its site, the guard refusing the replay that would have
 //                          corrupted memory, then a re-capture at lengths rounded up (or, with
 //                          --no-recapture, the error and the end of that run)
@@ -29,18 +38,22 @@
 //
 // Without a CUDA device (or with --host) the same loop runs on the host backend: HostStream closures
 // call the CPU reference (ds4::ref) with N and M frozen at capture, on tiny shapes (docs/ds4_model.md §7.3:
-// W = 4, K = 8, max_model_len 512, H = 4). The first line says which.
+// W = 4, K = 8, max_model_len 512, H = 4); its paged path runs the reference indexer (scores with the
+// frozen row stride, the selection rule) and attends over the paged index lists. The first line says
+// which.
 //
 // Exit code: 0 when every check passed, 1 when a check failed (or an error), 2 on bad usage.
 // Hidden test flag: --inject-corruption[=unguarded|flip] makes the run fail on purpose: `unguarded`
 // (default) captures with exact sizing and replays with replay_unguarded_for_testing (the guard is
-// bypassed: the gather overwrites rows, the comparison with eager must catch it); `flip` flips one
-// byte of a replay's output.
+// bypassed: the gather overwrites rows, the comparison with eager must catch it; this mode always runs
+// the gather path); `flip` flips one byte of a replay's output.
 #include "ds4_decode_demo_kernels.hpp"
 
 #include <graphsafe/graphsafe.hpp>
 #include <graphsafe/ds4/decode_step.hpp>
 #include <graphsafe/ds4/device_problem.hpp>
+#include <graphsafe/ds4/indexer_kernels.hpp>
+#include <graphsafe/ds4/indexer_step.hpp>
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/reference.hpp>
 
@@ -80,6 +93,7 @@ namespace {
 
 struct Options {
   std::string policy = "all";
+  std::string path = "paged";  // paged, gather or both
   std::optional<int> layers, heads, batch, max_model_len, steps, check_every;
   std::uint64_t seed = 1;
   bool recapture = true;
@@ -111,7 +125,9 @@ constexpr double kDeviceBytesPerUnit = 160;
 const char* const kDescription =
     "An attention-only DS4 decode loop over a V4-Flash-like layer schedule (2 SWA-only layers, then C4\n"
     "and C128 alternating): one graph per batch bucket in one capture family, a growth trace replayed\n"
-    "and checked against eager bit for bit every --check-every steps.\n"
+    "and checked against eager bit for bit every --check-every steps. --path paged (default): the C4\n"
+    "layers' lightning indexer picks the rows, attention reads the paged fp8 caches; --path gather: the\n"
+    "rows are gathered into a workspace first; --path both: the two in turn.\n"
     "GPU defaults: --layers 43 --heads 64 --batch 64 --max-model-len 65536 --steps 64 --check-every 8\n"
     "host defaults (no CUDA device, or --host): --heads 4 --batch 4 --max-model-len 512 --steps 16\n"
     "  --check-every 4, window 4, top-k 8\n"
@@ -130,6 +146,8 @@ std::optional<Options> parse(int argc, char** argv, int& exit_code) {
   CLI::App app(kDescription, "ds4_decode_demo");
   app.add_option("--policy", o.policy, "all, capacity, static-query or exact")
       ->check(CLI::IsMember({"all", "capacity", "static-query", "exact"}));
+  app.add_option("--path", o.path, "paged (indexer + paged-direct attention), gather (gather to a workspace) or both")
+      ->check(CLI::IsMember({"paged", "gather", "both"}));
   app.add_option("--layers", o.layers, "attention layers")->check(CLI::Range(1, kLimits.layers));
   app.add_option("--heads", o.heads, "query heads (the CUDA kernels take 64 or 128)")
       ->check(CLI::Range(1, kLimits.heads));
@@ -327,13 +345,16 @@ std::uint64_t align256(std::uint64_t x) { return (x + 255) / 256 * 256; }
 // Engines: where the layers run. Both size N, G and every workspace through the arena with the same
 // extents and policies (ds4::compressed_rows_policy / swa_rows_policy).
 
+enum class DecodePath { paged, gather };
+const char* path_name(DecodePath p) { return p == DecodePath::paged ? "paged" : "gather"; }
+
 class Engine {
  public:
   virtual ~Engine() = default;
   virtual Backend& backend() = 0;
   virtual Stream stream() = 0;
-  // Use this arena and sizing for the next policy's run.
-  virtual void bind(Arena& arena, ds4::Sizing sizing) = 0;
+  // Use this arena, sizing and decode path for the next policy's run.
+  virtual void bind(Arena& arena, ds4::Sizing sizing, DecodePath path) = 0;
   // Bytes a capture of bucket `bi` may take (every policy reserves at most the capacity bound).
   virtual std::uint64_t capture_bytes_upper_bound(int bi) = 0;
   // Stream-ordered update of the lengths (and C4 picks) the kernels read, for bucket bi.
@@ -398,6 +419,32 @@ class CudaEngine final : public Engine {
     topk_mem_ = ds4::cuda::device_alloc(sizeof(std::int32_t) * B * sh.topk);
     DEMO_CUDA(cudaMemsetAsync(lens_mem_.get(), 0, sizeof(std::int32_t) * B, st_));
     DEMO_CUDA(cudaMemsetAsync(topk_mem_.get(), 0xFF, sizeof(std::int32_t) * B * sh.topk, st_));
+    // The paged path's indexer (C4 layers): one key cache shared by the C4 layers (paged like their
+    // compressed cache, same block table), per-layer fp8 queries and head weights, and the top-k it
+    // writes for the attention.
+    if (have[1]) {
+      ds4::IndexerCache ic;
+      ic.num_blocks = B * cmp_bpr_[1];
+      const std::size_t ibytes = static_cast<std::size_t>(ic.num_blocks) * ic.stride;
+      icache_mem_ = ds4::cuda::device_alloc(ibytes);
+      ic.base = icache_mem_.get();
+      DEMO_CUDA(ds4_demo::fill_indexer_cache(ic.base, ibytes, ic.block_rows, ic.stride, seed * 1000 + 5, st_));
+      const std::size_t qbytes = static_cast<std::size_t>(B) * ds4::kIndexerHeads * ds4::kIndexerDim;
+      const std::size_t wcount = static_cast<std::size_t>(B) * ds4::kIndexerHeads;
+      iq_mem_ = ds4::cuda::device_alloc(qbytes * sh.layers);
+      iw_mem_ = ds4::cuda::device_alloc(wcount * 4 * sh.layers);
+      DEMO_CUDA(ds4_demo::fill_fp8(iq_mem_.get(), qbytes * sh.layers, seed * 1000 + 6, st_));
+      DEMO_CUDA(ds4_demo::fill_f32(reinterpret_cast<float*>(iw_mem_.get()), wcount * sh.layers, -0.5f, 0.5f,
+                                   seed * 1000 + 8, st_));
+      ix_in_.resize(sh.layers);
+      for (int l = 0; l < sh.layers; ++l) {
+        ix_in_[l].cache = ic;
+        ix_in_[l].q = iq_mem_.get() + qbytes * l;
+        ix_in_[l].weights = reinterpret_cast<float*>(iw_mem_.get()) + wcount * l;
+      }
+      itopk_mem_ = ds4::cuda::device_alloc(sizeof(std::int32_t) * B * sh.topk);
+      DEMO_CUDA(cudaMemsetAsync(itopk_mem_.get(), 0xFF, sizeof(std::int32_t) * B * sh.topk, st_));
+    }
     out_elems_ = static_cast<std::size_t>(B) * H * ds4::kHeadDim;
     q_mem_ = ds4::cuda::device_alloc(out_elems_ * 2 * sh.layers);
     DEMO_CUDA(ds4_demo::fill_bf16(reinterpret_cast<std::uint16_t*>(q_mem_.get()), out_elems_ * sh.layers,
@@ -412,11 +459,14 @@ class CudaEngine final : public Engine {
     host_lens_.assign(B, 0);
     host_picks_.assign(static_cast<std::size_t>(B) * sh.topk, -1);
 
-    // Per layer and bucket: a non-owning view (batch = bucket, the layer's queries and sinks).
+    // Per layer and bucket: a non-owning view (batch = bucket, the layer's queries and sinks); the
+    // paged path's C4 views read the indexer's top-k instead of the host-made picks.
     views_.resize(sh.layers);
+    paged_views_.resize(sh.layers);
     for (int l = 0; l < sh.layers; ++l) {
       const int t = type_index(layer_ratio(l));
-      for (int R : sh.buckets) {
+      for (int R : sh.buckets)
+        for (const bool paged : {false, true}) {
         ds4::cuda::DeviceProblem v;
         v.cfg = cfg_[t];
         v.batch = R;
@@ -429,10 +479,10 @@ class CudaEngine final : public Engine {
           v.cmp_blocks_per_req = cmp_bpr_[t];
         }
         v.seq_lens = reinterpret_cast<std::int32_t*>(lens_mem_.get());
-        v.topk_local = t == 1 ? reinterpret_cast<std::int32_t*>(topk_mem_.get()) : nullptr;
+        v.topk_local = t == 1 ? reinterpret_cast<std::int32_t*>((paged ? itopk_mem_ : topk_mem_).get()) : nullptr;
         v.q = reinterpret_cast<std::uint16_t*>(q_mem_.get()) + out_elems_ * l;
         v.sink = reinterpret_cast<float*>(sink_mem_.get()) + static_cast<std::size_t>(H) * l;
-        views_[l].push_back(std::move(v));
+        (paged ? paged_views_ : views_)[l].push_back(std::move(v));
       }
     }
     DEMO_CUDA(cudaStreamSynchronize(st_));
@@ -446,21 +496,36 @@ class CudaEngine final : public Engine {
 
   Backend& backend() override { return *backend_; }
   Stream stream() override { return st_; }
-  void bind(Arena& arena, ds4::Sizing sizing) override {
-    for (int t = 0; t < 3; ++t) gd_[t] = std::make_unique<ds4::GatherDecode>(arena, cfg_[t], syms_, sizing);
+  void bind(Arena& arena, ds4::Sizing sizing, DecodePath path) override {
+    path_ = path;
+    for (int t = 0; t < 3; ++t) {
+      gd_[t].reset();
+      pd_[t].reset();
+      if (path == DecodePath::gather)
+        gd_[t] = std::make_unique<ds4::GatherDecode>(arena, cfg_[t], syms_, sizing);
+      else
+        pd_[t] = std::make_unique<ds4::PagedDecode>(arena, cfg_[t], syms_);
+    }
+    ix_.reset();
+    if (path == DecodePath::paged && !ix_in_.empty())
+      ix_ = std::make_unique<ds4::IndexerDecode>(arena, cfg_[1], syms_, sizing);
   }
   std::uint64_t capture_bytes_upper_bound(int bi) override {
-    const int R = sh_.buckets[bi];
+    const std::uint64_t R = static_cast<std::uint64_t>(sh_.buckets[bi]);
     std::uint64_t total = 1 << 20;
     for (int l = 0; l < sh_.layers; ++l) {
       const ds4::LayerConfig& c = cfg_[type_index(layer_ratio(l))];
       const std::uint64_t N = c.ratio > 1 ? static_cast<std::uint64_t>(c.max_model_len / c.ratio) : 0;
       const std::uint64_t M = N + static_cast<std::uint64_t>(std::min(c.window, c.max_model_len));
       const int width = c.combined_width();
-      const int splits = ds4::cuda::choose_splits(R, c.heads, width, ds4::cuda::device_sm_count());
-      total += align256(R * M * ds4::kHeadDim * 2) + align256(static_cast<std::uint64_t>(R) * width * 4) +
-               align256(static_cast<std::uint64_t>(R) * 4) +
-               align256(ds4::cuda::sparse_attention_scratch_bytes(R, c.heads, splits)) + 4 * 512;
+      const int splits = ds4::cuda::choose_splits(static_cast<int>(R), c.heads, width, ds4::cuda::device_sm_count());
+      total += align256(ds4::cuda::sparse_attention_scratch_bytes(static_cast<int>(R), c.heads, splits)) + 4 * 512;
+      if (path_ == DecodePath::gather) {
+        total += align256(R * M * ds4::kHeadDim * 2) + align256(R * width * 4) + align256(R * 4);
+      } else {  // paged index lists and lengths, C4: the indexer's logits [R, N]
+        total += align256(R * std::max(c.compressed_width(), 1) * 4) + align256(R * c.window * 4) + 2 * align256(R * 4);
+        if (c.ratio == 4) total += align256(R * N * 4);
+      }
     }
     return total;
   }
@@ -476,8 +541,16 @@ class CudaEngine final : public Engine {
   }
   void run_layers(int bi, const Bindings& b, bool graph) override {
     auto* out = reinterpret_cast<std::uint16_t*>((graph ? out_graph_ : out_eager_).get());
-    for (int l = 0; l < sh_.layers; ++l)
-      gd_[type_index(layer_ratio(l))]->run(st_, views_[l][bi], b, out + out_elems_ * l);
+    for (int l = 0; l < sh_.layers; ++l) {
+      const int t = type_index(layer_ratio(l));
+      if (path_ == DecodePath::gather) {
+        gd_[t]->run(st_, views_[l][bi], b, out + out_elems_ * l);
+        continue;
+      }
+      const ds4::cuda::DeviceProblem& v = paged_views_[l][bi];
+      if (t == 1) ix_->run(st_, v, ix_in_[l], b, v.topk_local);
+      pd_[t]->run(st_, v, b, out + out_elems_ * l);
+    }
   }
   void poison(int bi, bool graph) override {
     (void)bi;
@@ -546,14 +619,19 @@ class CudaEngine final : public Engine {
   cudaEvent_t e0_ = nullptr, e1_ = nullptr;
   std::unique_ptr<CudaBackend> backend_;
   ds4::LayerConfig cfg_[3];
+  DecodePath path_ = DecodePath::paged;
   std::unique_ptr<ds4::GatherDecode> gd_[3];
+  std::unique_ptr<ds4::PagedDecode> pd_[3];
+  std::unique_ptr<ds4::IndexerDecode> ix_;
+  std::vector<ds4::cuda::DeviceIndexerInputs> ix_in_;  // per layer (C4 layers only use theirs)
+  ds4::cuda::DeviceBytes icache_mem_, iq_mem_, iw_mem_, itopk_mem_;
   ds4::cuda::DeviceBytes swa_mem_, swa_table_, cmp_mem_[3], cmp_table_[3], lens_mem_, topk_mem_, q_mem_, sink_mem_,
       out_graph_, out_eager_, count_mem_;
   ds4::PagedCache swa_{}, cmp_[3]{};
   int swa_bpr_ = 0, cmp_bpr_[3] = {0, 0, 0};
   std::size_t out_elems_ = 0;
   std::vector<std::int32_t> host_lens_, host_picks_;
-  std::vector<std::vector<ds4::cuda::DeviceProblem>> views_;
+  std::vector<std::vector<ds4::cuda::DeviceProblem>> views_, paged_views_;
 };
 
 // ---- host (CPU reference path) ----------------------------------------------------------------
@@ -597,12 +675,61 @@ void host_gather(const ds4::DecodeProblem& p, std::int64_t N, std::int64_t M, st
   }
 }
 
+// The paged path's closures. The indexer mirrors IndexerDecode on the GPU: request b's scores at
+// logits[b * N + s] for its first min(n_c, N) rows (N frozen at capture; rows past the logits buffer
+// are dropped), then the selection rule over those rows into p.topk_local.
+void host_indexer(ds4::DecodeProblem& p, const ds4::ref::IndexerInputs& in, std::int64_t N, float* logits,
+                  std::int64_t logit_rows) {
+  const int K = p.cfg.topk;
+  std::vector<float> q(ds4::kIndexerHeads * ds4::kIndexerDim);
+  for (int b = 0; b < p.batch; ++b) {
+    const int n_c = std::max(p.seq_lens[b], 0) / ds4::kIndexerRatio;
+    const int n = static_cast<int>(std::min<std::int64_t>(n_c, N));
+    for (std::size_t i = 0; i < q.size(); ++i)
+      q[i] = ds4::ref::fp8_e4m3_to_float(in.q[static_cast<std::size_t>(b) * q.size() + i]);
+    const std::vector<float> sc = ds4::ref::indexer_scores(
+        in.cache, p.cmp_block_table.data() + static_cast<std::size_t>(b) * p.cmp_blocks_per_req, n, q.data(),
+        in.weights.data() + static_cast<std::size_t>(b) * ds4::kIndexerHeads);
+    for (int s = 0; s < n; ++s)
+      if (b * N + s < logit_rows) logits[b * N + s] = sc[static_cast<std::size_t>(s)];
+    std::vector<float> row(static_cast<std::size_t>(n));
+    for (int s = 0; s < n; ++s) row[static_cast<std::size_t>(s)] = b * N + s < logit_rows ? logits[b * N + s] : 0.f;
+    const std::vector<std::int32_t> top = ds4::ref::indexer_topk(row.data(), n_c <= K ? n_c : n, K);
+    std::copy(top.begin(), top.end(), p.topk_local.begin() + static_cast<std::ptrdiff_t>(b) * K);
+  }
+}
+
+// Paged-direct attention on the host: the rows named by the paged index lists (global slots of the
+// compressed and SWA caches, ref::combine_paged) dequantized in list order, then the reference
+// attention over them. Independent of ref::sparse_attention's own walk of the block tables.
+void host_paged_attention(const ds4::DecodeProblem& p, const std::int32_t* cmp_idx, const std::int32_t* cmp_lens,
+                          const std::int32_t* swa_idx, const std::int32_t* swa_lens, float* out) {
+  const int cw = p.cfg.compressed_width(), W = p.cfg.window, width = cw + W;
+  const ds4::PagedCache swa = ds4::ref::swa_view(p);
+  const ds4::PagedCache cmp = ds4::ref::cmp_view(p);
+  std::vector<float> ws;
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(p.batch) * width, -1), lens(p.batch, 0);
+  for (int b = 0; b < p.batch; ++b) {
+    auto add = [&](const ds4::PagedCache& c, std::int64_t slot) {
+      const std::size_t row = ws.size() / ds4::kHeadDim;
+      ws.resize(ws.size() + ds4::kHeadDim);
+      ds4::ref::dequantize_row(c, slot, ws.data() + row * ds4::kHeadDim);
+      idx[static_cast<std::size_t>(b) * width + lens[b]++] = static_cast<std::int32_t>(row);
+    };
+    for (int i = 0; cmp_lens != nullptr && i < cmp_lens[b]; ++i) add(cmp, cmp_idx[static_cast<std::size_t>(b) * cw + i]);
+    for (int i = 0; i < swa_lens[b]; ++i) add(swa, swa_idx[static_cast<std::size_t>(b) * W + i]);
+  }
+  ds4::ref::attention_over_workspace(p, ws.data(), static_cast<std::int64_t>(ws.size() / ds4::kHeadDim), idx.data(),
+                                     lens.data(), width, out);
+}
+
 class HostEngine final : public Engine {
  public:
   HostEngine(const Shapes& sh, const ds4::Ds4Symbols& syms, std::uint64_t seed) : sh_(sh), syms_(syms) {
     for (int t = 0; t < 3; ++t) cfg_[t] = layer_config(sh, t == 0 ? 1 : (t == 1 ? 4 : 128));
     const std::size_t nb = sh.buckets.size();
     problems_.resize(sh.layers);
+    ix_in_.resize(sh.layers);
     // One problem per layer type and bucket (caches shared by the layers of a type), copied per layer
     // with the layer's own queries and sinks.
     std::vector<std::vector<std::optional<ds4::DecodeProblem>>> base(3, std::vector<std::optional<ds4::DecodeProblem>>(nb));
@@ -618,6 +745,7 @@ class HostEngine final : public Engine {
         std::uniform_real_distribution<float> u(-1.f, 1.f);
         for (auto& x : p.q) x = ds4::ref::bf16_from_float(u(rng));
         for (auto& s : p.sink) s = 2.f * u(rng);
+        if (t == 1) ix_in_[l].push_back(ds4::ref::make_indexer_inputs(p, seed * 7 + l * 13 + bi));
         problems_[l].push_back(std::move(p));
       }
     }
@@ -627,9 +755,10 @@ class HostEngine final : public Engine {
   }
   Backend& backend() override { return backend_; }
   Stream stream() override { return hs_; }
-  void bind(Arena& arena, ds4::Sizing sizing) override {
+  void bind(Arena& arena, ds4::Sizing sizing, DecodePath path) override {
     arena_ = &arena;
     sizing_ = sizing;
+    path_ = path;
   }
   std::uint64_t capture_bytes_upper_bound(int bi) override {
     const std::uint64_t R = static_cast<std::uint64_t>(sh_.buckets[bi]);
@@ -639,6 +768,7 @@ class HostEngine final : public Engine {
       const std::uint64_t N = c.ratio > 1 ? static_cast<std::uint64_t>(c.max_model_len / c.ratio) : 0;
       const std::uint64_t M = N + static_cast<std::uint64_t>(std::min(c.window, c.max_model_len));
       total += align256(R * M * ds4::kHeadDim * 4) + align256(R * c.combined_width() * 4) + align256(R * 4) + 4 * 512;
+      if (c.ratio == 4) total += align256(R * N * 4);  // the paged path's logits
     }
     return total;
   }
@@ -646,13 +776,19 @@ class HostEngine final : public Engine {
     for (int l = 0; l < sh_.layers; ++l) {
       ds4::DecodeProblem& p = problems_[l][bi];
       p.seq_lens = lens;
-      if (p.cfg.ratio == 4)
+      if (p.cfg.ratio == 4 && path_ == DecodePath::gather)  // the paged path's indexer writes its own
         for (int b = 0; b < p.batch; ++b)
           make_picks(lens[b] / 4, p.cfg.topk, 31 + static_cast<std::uint64_t>(b), &p.topk_local[static_cast<std::size_t>(b) * p.cfg.topk]);
     }
   }
   void run_layers(int bi, const Bindings& b, bool graph) override {
-    for (int l = 0; l < sh_.layers; ++l) layer(problems_[l][bi], b, (graph ? out_graph_ : out_eager_)[l].data());
+    for (int l = 0; l < sh_.layers; ++l) {
+      float* out = (graph ? out_graph_ : out_eager_)[l].data();
+      if (path_ == DecodePath::gather)
+        layer(problems_[l][bi], b, out);
+      else
+        paged_layer(problems_[l][bi], problems_[l][bi].cfg.ratio == 4 ? &ix_in_[l][bi] : nullptr, b, out);
+    }
   }
   void poison(int, bool graph) override {
     for (auto& o : graph ? out_graph_ : out_eager_) std::memset(o.data(), kPoison, o.size() * sizeof(float));
@@ -733,14 +869,47 @@ class HostEngine final : public Engine {
     });
   }
 
+  // One layer of the paged path: the sizes of ds4::IndexerDecode::run (C4) and ds4::PagedDecode::run.
+  void paged_layer(ds4::DecodeProblem& p, const ds4::ref::IndexerInputs* in, const Bindings& b, float* out) {
+    Arena& arena = *arena_;
+    const ds4::LayerConfig& cfg = p.cfg;
+    const Extent Rx(syms_.requests);
+    ds4::DecodeProblem* pp = &p;
+    if (in != nullptr) {
+      const Extent rows = max_over(syms_.seq_lens, [](const Extent& l) { return floor_div(l, ds4::kIndexerRatio); });
+      const std::int64_t N = arena.dimension(hs_, "ds4.indexer.rows", rows, ds4::compressed_rows_policy(sizing_), b);
+      auto logits = arena.request(hs_, "ds4.indexer.logits", static_cast<std::int64_t>(p.batch) * N, sizeof(float),
+                                  capacity_bound, b);
+      float* lp = logits.as<float>();
+      const std::int64_t logit_rows = static_cast<std::int64_t>(p.batch) * N;
+      hs_.launch([pp, in, N, lp, logit_rows] { host_indexer(*pp, *in, N, lp, logit_rows); });
+    }
+    const int cw = std::max(cfg.compressed_width(), 1);
+    auto cmp_idx = arena.request(hs_, "ds4.paged.cmp_idx", Rx * cw, 4, capacity_bound, b);
+    auto cmp_lens = arena.request(hs_, "ds4.paged.cmp_lens", Rx, 4, capacity_bound, b);
+    auto swa_idx = arena.request(hs_, "ds4.paged.swa_idx", Rx * Extent(syms_.window), 4, capacity_bound, b);
+    auto swa_lens = arena.request(hs_, "ds4.paged.swa_lens", Rx, 4, capacity_bound, b);
+    const bool has_cmp = cfg.ratio > 1;
+    std::int32_t* ci = has_cmp ? cmp_idx.as<std::int32_t>() : nullptr;
+    std::int32_t* cl = cmp_lens.as<std::int32_t>();
+    std::int32_t* si = swa_idx.as<std::int32_t>();
+    std::int32_t* sl = swa_lens.as<std::int32_t>();
+    hs_.launch([pp, ci, cl, si, sl, out] {
+      ds4::ref::combine_paged(*pp, ci, cl, si, sl);
+      host_paged_attention(*pp, ci, cl, si, sl, out);
+    });
+  }
+
   Shapes sh_;
   const ds4::Ds4Symbols& syms_;
   HostBackend backend_;
   HostStream hs_;
   Arena* arena_ = nullptr;
   ds4::Sizing sizing_ = ds4::Sizing::safe;
+  DecodePath path_ = DecodePath::paged;
   ds4::LayerConfig cfg_[3];
   std::vector<std::vector<ds4::DecodeProblem>> problems_;  // [layer][bucket]
+  std::vector<std::vector<ds4::ref::IndexerInputs>> ix_in_;  // [layer][bucket], C4 layers
   std::vector<std::vector<float>> out_graph_, out_eager_;
   std::chrono::steady_clock::time_point t0_;
 };
@@ -749,7 +918,7 @@ class HostEngine final : public Engine {
 // One policy's run
 
 struct PolicyResult {
-  std::string name, n_policy, g_policy;
+  std::string path, name, n_policy, g_policy;
   int steps_run = 0;
   bool stopped = false;  // --no-recapture: stopped at the refused replay
   double capture_ms = 0;
@@ -787,18 +956,31 @@ std::string first_lines(const std::string& s, int n, const char* indent) {
 }
 
 PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const ds4::Ds4Symbols& syms,
-                        const Policy& pol) {
+                        const Policy& pol, DecodePath path) {
   PolicyResult res;
+  res.path = path_name(path);
   res.name = pol.name;
+  const bool paged = path == DecodePath::paged;
+  int c4_layers = 0;
+  for (int l = 0; l < sh.layers; ++l) c4_layers += layer_ratio(l) == 4;
+  // What a graph freezes from the lengths: the gather path's N and G; the paged path's indexer
+  // row stride N (C4 layers only: without one the paged path has no length-dependent size).
+  const bool sized_by_lengths = !paged || c4_layers > 0;
   const bool exact = pol.sizing == ds4::Sizing::exact;
   const StaticQueryBound swa_bound{Extent(syms.window)};
   res.n_policy = std::string(ds4::compressed_rows_policy(pol.sizing).name());
-  res.g_policy = std::string(ds4::swa_rows_policy(pol.sizing, swa_bound).name());
+  res.g_policy = paged ? std::string("-") : std::string(ds4::swa_rows_policy(pol.sizing, swa_bound).name());
   const bool unguarded = opt.inject == "unguarded";
   const bool recapture = exact && opt.recapture && opt.inject.empty();
-  std::printf("\n=== policy %s: N (compressed rows) %s, G (SWA rows) %s%s\n", pol.name.c_str(), res.n_policy.c_str(),
-              res.g_policy.c_str(),
-              unguarded ? "; --inject-corruption: replays BYPASS the guard (replay_unguarded_for_testing)" : "");
+  if (paged)
+    std::printf("\n=== path paged, policy %s: N (the indexer's logits row stride) %s; index lists and scratch "
+                "static%s\n",
+                pol.name.c_str(), res.n_policy.c_str(),
+                unguarded ? "; --inject-corruption: replays BYPASS the guard (replay_unguarded_for_testing)" : "");
+  else
+    std::printf("\n=== path gather, policy %s: N (compressed rows) %s, G (SWA rows) %s%s\n", pol.name.c_str(),
+                res.n_policy.c_str(), res.g_policy.c_str(),
+                unguarded ? "; --inject-corruption: replays BYPASS the guard (replay_unguarded_for_testing)" : "");
 
   const Stream s = eng.stream();
   const ds4::LayerConfig cfg = layer_config(sh, 4);
@@ -807,7 +989,7 @@ PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const
   const std::int64_t granule = std::max(sh.window, sh.max_model_len / 16);
   debug::clear_findings();
 
-  if (exact && opt.inject.empty()) {
+  if (exact && opt.inject.empty() && sized_by_lengths) {
     // Debug mode (ArenaOptions::debug, what GRAPHSAFE_DEBUG=1 turns on) on one capture of the largest
     // bucket in an arena of its own: its capture-time report goes to stderr, its findings (kind,
     // request, site, fix) are listed below. Canaries off: this is about capture-time detection.
@@ -817,7 +999,7 @@ PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const
     dao.canaries = false;
     dao.nvtx = false;
     Arena debug_arena(eng.backend(), dao);
-    eng.bind(debug_arena, pol.sizing);
+    eng.bind(debug_arena, pol.sizing, path);
     debug_arena.reserve(eng.capture_bytes_upper_bound(nb - 1), s);
     const int R = sh.buckets[nb - 1];
     const auto lens = trace.bucket_lens(R, R);
@@ -847,17 +1029,19 @@ PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const
   ArenaOptions ao;
   ao.report_findings = false;  // printed below
   Arena arena(eng.backend(), ao);
-  eng.bind(arena, pol.sizing);
+  eng.bind(arena, pol.sizing, path);
 
   // ---- capture: one graph per bucket, largest first, one family --------------------------------
   CaptureFamily family = arena.family("decode");
+  CaptureOptions family_only;
+  family_only.family = family;
   // What the family will need, before any memory is taken (planning captures: nothing launches).
   // The captures below follow the placement it found.
   for (int bi = nb - 1; bi >= 0; --bi) {
     const int R = sh.buckets[bi];
     const CaptureEstimate e =
         estimate(arena, s, syms.bind(R, cfg, trace.bucket_lens(R, R)),
-                 [&eng, bi](const Bindings& bb) { eng.run_layers(bi, bb, true); }, CaptureOptions{.family = family});
+                 [&eng, bi](const Bindings& bb) { eng.run_layers(bi, bb, true); }, family_only);
     res.estimate_bytes = std::max(res.estimate_bytes, e.region_bytes);
   }
   // Re-captures at larger buckets (the exact policy) may need more than the estimate: keep room.
@@ -904,7 +1088,7 @@ PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const
   }
   std::size_t guards = 0;
   for (auto& g : graphs) guards += g->plan().guard_count();
-  if (!exact) {
+  if (!exact || !sized_by_lengths) {
     ++res.checks;
     if (res.findings == 0 && guards == 0) {
       std::printf("  check: no capture finding, no live guard (every size proven replay-safe): OK\n");
@@ -953,10 +1137,13 @@ PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const
       const auto& v = violations.front();
       std::printf("step %d: batch %d (bucket %d), lengths grew past the capture: the guard checks %s\n", step, n, R,
                   v.symbols.c_str());
-      std::printf("  %s needs %lld but the graph froze %lld (%s at %s): the gather would write rows past N,\n"
-                  "  over the SWA rows of the workspace (see --inject-corruption). %zu guard(s) fail.\n",
-                  v.request.c_str(), static_cast<long long>(v.required), static_cast<long long>(v.reserved),
-                  v.policy.c_str(), v.site.c_str(), violations.size());
+      std::printf("  %s needs %lld but the graph froze %lld (%s at %s): %s. %zu guard(s) fail.\n", v.request.c_str(),
+                  static_cast<long long>(v.required), static_cast<long long>(v.reserved), v.policy.c_str(),
+                  v.site.c_str(),
+                  paged ? "the indexer would score only the first N rows of a request,\n  a wrong top-k"
+                        : "the gather would write rows past N,\n  over the SWA rows of the workspace "
+                          "(see --inject-corruption)",
+                  violations.size());
     }
     const std::uint64_t recaptures_before = graph.recaptures();
     bool refused = false;
@@ -1029,7 +1216,7 @@ PolicyResult run_policy(Engine& eng, const Shapes& sh, const Options& opt, const
     }
     trace.advance(n);
   }
-  if (exact && opt.inject.empty()) {
+  if (exact && opt.inject.empty() && sized_by_lengths) {
     ++res.checks;
     if (res.refusals + res.recaptures == 0) {
       std::printf("  CHECK FAILED: the lengths grew past the capture but no guard fired\n");
@@ -1071,7 +1258,7 @@ void print_summary(const std::vector<PolicyResult>& rs, const Shapes& sh, const 
   std::printf("\n=== summary: %d layers, heads %d, batch buckets", sh.layers, sh.heads);
   for (int R : sh.buckets) std::printf(" %d", R);
   std::printf(", max_model_len %d, %d steps, on %s\n", sh.max_model_len, sh.steps, machine.c_str());
-  std::printf("%-13s %-37s %10s %10s %8s %11s %11s %11s %11s %12s %11s %9s %7s\n", "policy", "N / G sizing", "eager ms",
+  std::printf("%-7s %-13s %-37s %10s %10s %8s %11s %11s %11s %11s %12s %11s %9s %7s\n", "path", "policy", "N / G sizing", "eager ms",
               "graph ms", "speedup", "guard ns", "region", "peak live", "estimate", "sep. regions", "saved", "recapture",
               "checks");
   for (const auto& r : rs) {
@@ -1085,7 +1272,8 @@ void print_summary(const std::vector<PolicyResult>& rs, const Shapes& sh, const 
       std::snprintf(speed, sizeof speed, "%.2fx", r.eager_ms / r.graph_ms);
     else
       std::snprintf(speed, sizeof speed, "-");
-    std::printf("%-13s %-37s %10.3f %10.3f %8s %11s %11s %11s %11s %12s %11s %9s %7s%s\n", r.name.c_str(), sizing,
+    std::printf("%-7s %-13s %-37s %10.3f %10.3f %8s %11s %11s %11s %11s %12s %11s %9s %7s%s\n", r.path.c_str(),
+                r.name.c_str(), sizing,
                 r.eager_ms, r.graph_ms, speed, guard, show_bytes(static_cast<double>(r.region_bytes)).c_str(),
                 show_bytes(static_cast<double>(r.peak_live_bytes)).c_str(),
                 show_bytes(static_cast<double>(r.estimate_bytes)).c_str(),
@@ -1095,15 +1283,17 @@ void print_summary(const std::vector<PolicyResult>& rs, const Shapes& sh, const 
                 rec, checks,
                 r.stopped ? "  (stopped at the refusal)" : "");
   }
-  std::printf("columns: eager/graph ms = mean time of one decode step (all layers); guard ns = plan guard check per\n"
+  std::printf("columns: path = paged (C4: indexer + paged-direct attention) or gather (gather to a workspace);\n"
+              "N / G sizing = the policies of the sizes a graph freezes (paged: the indexer's row stride N only);\n"
+              "eager/graph ms = mean time of one decode step (all layers); guard ns = plan guard check per\n"
               "replay (live guards); region = the family's shared workspace region; peak live = its lower bound (bytes\n"
               "of workspaces live at once); estimate = graphsafe::estimate before capturing; sep. regions = what one\n"
               "region per bucket graph would hold; recapture = re-captures / replays whose guards failed; checks =\n"
               "passed / run.\n");
   if (torch_pool_bytes)
     for (const auto& r : rs)
-      std::printf("  %s: region %s = %.3fx PyTorch's graph pool on the same pattern (%s, bench/torch_capture_pool.py)\n",
-                  r.name.c_str(), show_bytes(static_cast<double>(r.region_bytes)).c_str(),
+      std::printf("  %s %s: region %s = %.3fx PyTorch's graph pool on the same pattern (%s, bench/torch_capture_pool.py)\n",
+                  r.path.c_str(), r.name.c_str(), show_bytes(static_cast<double>(r.region_bytes)).c_str(),
                   static_cast<double>(r.region_bytes) / *torch_pool_bytes, show_bytes(*torch_pool_bytes).c_str());
 }
 
@@ -1125,7 +1315,7 @@ void write_json(const std::string& path, const std::vector<PolicyResult>& rs, co
     records.push_back(std::move(r));
   };
   for (const auto& r : rs) {
-    const std::string p = "ds4_decode_demo." + tag + "." + r.name + ".";
+    const std::string p = "ds4_decode_demo." + tag + "_" + r.path + "." + r.name + ".";
     if (r.graph_samples)
       rec(p + "graph_step_ms", r.graph_ms, "ms", p + "eager_step_ms",
           r.eager_samples ? std::optional<double>(r.eager_ms) : std::nullopt);
@@ -1233,6 +1423,10 @@ int main(int argc, char** argv) {
                 sh.batch, sh.steps);
     for (int R : sh.buckets) std::printf(" %d", R);
     std::printf("; eager vs replay checked every %d steps\n", sh.check_every);
+    std::printf("path: %s\n", opt.inject == "unguarded" ? "gather (--inject-corruption=unguarded)"
+                               : opt.path == "paged" ? "paged (C4 layers: indexer scores + top-k, then paged-direct attention)"
+                               : opt.path == "gather" ? "gather (gather to a bf16 workspace, then attention)"
+                                                      : "paged, then gather");
     std::printf("caches: one SWA cache for all layers, one compressed cache per layer type (shared: see docs/ds4_client.md); "
                 "per-layer queries, sinks, outputs and workspaces\n");
 
@@ -1246,7 +1440,15 @@ int main(int argc, char** argv) {
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
     std::vector<PolicyResult> results;
-    for (const auto& p : policies) results.push_back(run_policy(*eng, sh, opt, syms, p));
+    std::vector<DecodePath> paths;
+    if (opt.inject == "unguarded") {
+      paths = {DecodePath::gather};  // the overwrite the comparison with eager must catch
+    } else {
+      if (opt.path != "gather") paths.push_back(DecodePath::paged);
+      if (opt.path != "paged") paths.push_back(DecodePath::gather);
+    }
+    for (const DecodePath path : paths)
+      for (const auto& p : policies) results.push_back(run_policy(*eng, sh, opt, syms, p, path));
     print_summary(results, sh, eng->machine(), opt.torch_pool_bytes);
     if (!opt.json.empty()) {
       write_json(opt.json, results, sh, eng->machine(), opt.command);

@@ -297,9 +297,12 @@ std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes,
   if (c.offset + bytes > st.limit) throw too_large(c.offset + bytes);
   const std::uint64_t offset = c.offset;
   if (why_not) *why_not = std::move(c.why_not);
+  // Debug mode: where the request sits in the capture, for the graph audit at instantiation.
+  if (why_not) c.request_known = backend.capture_dependencies(s, c.request_position);
   const std::uint64_t id = taken ? next_block_serial.fetch_add(1, std::memory_order_relaxed) : 0;
   if (serial) *serial = id;
-  if (taken) st.planner.commit(std::move(c), id, st.plan.entries().size(), std::string(name));
+  // The name only explains a reuse not proven (debug mode): not copied otherwise.
+  if (taken) st.planner.commit(std::move(c), id, st.plan.entries().size(), why_not ? std::string(name) : std::string());
   st.bump = std::max(st.bump, st.planner.region());
   return offset;
 }
@@ -307,10 +310,10 @@ std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes,
 void ArenaCore::release_captured(std::uint64_t serial, void* stream) noexcept {
   if (active_sessions.load(std::memory_order_acquire) == 0) return;  // the graph owns it now
   try {
-    std::vector<SessionState*> live;
+    thread_local std::vector<SessionState*> live;  // reused: no allocation per release
     {
       std::lock_guard g(lock);
-      live = sessions;
+      live.assign(sessions.begin(), sessions.end());
     }
     for (SessionState* st : live) {
       std::lock_guard g(st->planner_mutex);
@@ -338,28 +341,15 @@ void ArenaCore::capture_planned(SessionState& st) {
   }
   // Entries whose range (guard included) another entry's range overlaps: debug canaries and NVTX
   // regions skip them (their bytes legitimately hold another workspace's data during a replay).
-  for (std::size_t i = 0; i < blocks.size(); ++i)
-    for (std::size_t j = 0; j < blocks.size(); ++j) {
-      if (i == j) continue;
-      const PlannedBlock& a = blocks[i];
-      const PlannedBlock& o = blocks[j];
-      if (a.offset < o.offset + o.bytes && o.offset < a.offset + a.bytes) {
-        st.plan.entry(a.entry).shares_bytes = true;
-        if (j < i) st.plan.entry(a.entry).reuses = true;
-      }
-    }
-  if (st.virt || blocks.empty()) return;
-  auto best = std::make_shared<const PackedLayout>(p.best());
-  std::lock_guard lk(lock);
-  auto& ls = st.family->layouts;
-  // One layout per sequence of block sizes, the smallest kept.
-  auto same = std::find_if(ls.begin(), ls.end(), [&](const auto& l) { return l->bytes == best->bytes; });
-  if (same == ls.end()) {
-    if (ls.size() >= 16) ls.erase(ls.begin());
-    ls.push_back(std::move(best));
-  } else if (best->region < (*same)->region) {
-    *same = std::move(best);
+  std::vector<char> shares, reuses;
+  p.sharing(shares, reuses);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    st.plan.entry(blocks[i].entry).shares_bytes = shares[i];
+    st.plan.entry(blocks[i].entry).reuses = reuses[i];
   }
+  if (st.virt || blocks.empty()) return;
+  std::lock_guard lk(lock);
+  keep_layout(st.family->layouts, p);  // packed offline only once a later capture follows it
 }
 
 void ArenaCore::record(SessionState& st, PlanEntry e, const SizingDecision& d, const Extent* need, const Bindings& b) {
@@ -576,10 +566,12 @@ void ArenaCore::make_free_blocks_ready(Stream s) {
   // those streams (and `s`) so their blocks can coalesce across streams. Streams capturing right
   // now cannot be waited for (illegal during capture); their blocks keep their stream.
   std::vector<void*> streams{stream_tag(s)};
+  std::uint64_t horizon;  // a block released after this may be in use by work queued after the waits
   {
     std::lock_guard g(lock);
     collect_deferred();
     fl.flush_cache();  // cached blocks are free blocks with a release stream too
+    horizon = fl.releases();
     fl.for_each_block([&](const Slab&, const Block& b) {
       if (b.state == BlockState::free && b.stream &&
           std::find(streams.begin(), streams.end(), b.stream) == streams.end())
@@ -594,7 +586,7 @@ void ArenaCore::make_free_blocks_ready(Stream s) {
     synced.push_back(st);
   }
   std::lock_guard g(lock);
-  fl.mark_ready(synced);
+  fl.mark_ready(synced, horizon);
 }
 
 void ArenaCore::trim(Stream s) {

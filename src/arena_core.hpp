@@ -87,7 +87,7 @@ struct Family {
   std::uint64_t peak_live = 0;  // largest lower bound of a capture of the family
   // Placements of earlier captures (the better of the one made and an offline packing), which
   // later captures of the same request sizes follow: re-captures, siblings, estimated captures.
-  std::vector<std::shared_ptr<const PackedLayout>> layouts;
+  std::vector<std::shared_ptr<const LayoutProposal>> layouts;
   std::shared_ptr<VirtualFamily> virt;  // virtual growth: the family's address range
   // Debug mode (under the arena's lock or the family's serialized replays).
   GraphState* dbg_last_graph = nullptr;  // graph replayed last (its guards are the live ones)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <numeric>
 
 namespace graphsafe {
@@ -11,11 +12,11 @@ namespace graphsafe {
 // Backends that cannot tell how a capture's nodes are ordered: no reuse across streams.
 bool Backend::capture_dependencies(Stream, std::vector<const void*>&) const { return false; }
 bool Backend::capture_ordered_after(Stream, const std::vector<const void*>& before) const { return before.empty(); }
+bool Backend::graph_topology(const GraphHandle&, GraphTopology&) const { return false; }
 
 namespace detail {
 
-std::uint64_t best_fit(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes) {
-  std::sort(taken.begin(), taken.end());
+std::uint64_t best_fit_sorted(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& taken, std::uint64_t bytes) {
   std::uint64_t cur = 0, best = 0, best_gap = std::numeric_limits<std::uint64_t>::max();
   for (auto [off, size] : taken) {
     if (size == 0) continue;
@@ -26,6 +27,11 @@ std::uint64_t best_fit(std::vector<std::pair<std::uint64_t, std::uint64_t>> take
     cur = std::max(cur, off + size);
   }
   return best_gap != std::numeric_limits<std::uint64_t>::max() ? best : cur;
+}
+
+std::uint64_t best_fit(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes) {
+  std::sort(taken.begin(), taken.end());
+  return best_fit_sorted(taken, bytes);
 }
 
 std::uint64_t first_fit_offset(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes) {
@@ -39,10 +45,38 @@ std::uint64_t first_fit_offset(std::vector<std::pair<std::uint64_t, std::uint64_
   return cur;
 }
 
-bool CapturePlanner::conflict(std::uint32_t a, std::uint32_t b) const {
+bool conflicts(const Lifetimes& l, std::uint32_t a, std::uint32_t b) {
   if (a > b) std::swap(a, b);
-  const auto& ob = blocks_[b].ordered_before;
-  return !std::binary_search(ob.begin(), ob.end(), a);
+  if (l.released_at[a] > l.requested_at[b]) return true;  // live at b's request
+  const auto& u = l.unordered_before[b];
+  return !u.empty() && std::binary_search(u.begin(), u.end(), a);
+}
+
+std::vector<std::vector<std::uint32_t>> conflicts_before(const Lifetimes& l) {
+  // Sweep requests in order keeping the blocks still live (released after the current request).
+  const auto n = static_cast<std::uint32_t>(l.bytes.size());
+  std::vector<std::vector<std::uint32_t>> out(n);
+  std::vector<std::uint32_t> live;
+  for (std::uint32_t b = 0; b < n; ++b) {
+    std::erase_if(live, [&](std::uint32_t a) { return l.released_at[a] <= l.requested_at[b]; });
+    out[b] = live;
+    if (!l.unordered_before[b].empty()) {
+      std::vector<std::uint32_t> merged;
+      std::set_union(out[b].begin(), out[b].end(), l.unordered_before[b].begin(), l.unordered_before[b].end(),
+                     std::back_inserter(merged));
+      out[b] = std::move(merged);
+    }
+    live.push_back(b);
+  }
+  return out;
+}
+
+bool CapturePlanner::conflict(std::uint32_t a, std::uint32_t b) const { return conflicts(*lt_, a, b); }
+
+const CapturePlanner::StreamView* CapturePlanner::view(void* stream) const {
+  for (const StreamView& v : streams_)
+    if (v.stream == stream) return &v;
+  return nullptr;
 }
 
 namespace {
@@ -61,50 +95,60 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
   Choice c;
   c.bytes = bytes;
   c.stream = stream;
-  std::vector<std::uint32_t> live, unordered;
-  for (std::uint32_t i = 0; i < blocks_.size(); ++i) {
-    const PlannedBlock& b = blocks_[i];
-    if (!b.released)
-      live.push_back(i);
-    else if (b.release_stream == stream ||
-             std::find(b.ordered_streams.begin(), b.ordered_streams.end(), stream) != b.ordered_streams.end() ||
-             ordered(stream, b))
+  // Released blocks this stream has not yet been proven to follow: its pending list, or for a
+  // stream new to the capture every block released on another stream.
+  std::vector<std::uint32_t> fresh;
+  const StreamView* v = view(stream);
+  if (!v)
+    for (std::uint32_t i = 0; i < blocks_.size(); ++i)
+      if (blocks_[i].released && blocks_[i].release_stream != stream) fresh.push_back(i);
+  const std::vector<std::uint32_t>& pending = v ? v->pending : fresh;
+  const std::vector<std::uint32_t>& live = live_;
+  std::vector<std::uint32_t> unordered;
+  for (std::uint32_t i : pending) {
+    if (ordered(stream, blocks_[i]))
       c.ordered.push_back(i);
     else
       unordered.push_back(i);
   }
+  std::sort(unordered.begin(), unordered.end());  // request order, whatever order they were released in
   // Lower bound: the live blocks conflict pairwise and with this request (none was released before
   // the others' requests); add unordered released blocks, largest first, that conflict with all.
-  std::vector<std::uint32_t> clique = live;
-  c.clique = bytes;
-  for (std::uint32_t i : live) c.clique += blocks_[i].bytes;
-  std::vector<std::uint32_t> by_size = unordered;
-  std::stable_sort(by_size.begin(), by_size.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
-  for (std::uint32_t u : by_size)
-    if (std::all_of(clique.begin(), clique.end(), [&](std::uint32_t m) { return conflict(u, m); })) {
-      clique.push_back(u);
-      c.clique += blocks_[u].bytes;
-    }
+  c.clique = bytes + live_bytes_;
+  if (!unordered.empty()) {
+    std::vector<std::uint32_t> clique = live;
+    std::vector<std::uint32_t> by_size = unordered;
+    std::stable_sort(by_size.begin(), by_size.end(),
+                     [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
+    for (std::uint32_t u : by_size)
+      if (std::all_of(clique.begin(), clique.end(), [&](std::uint32_t m) { return conflict(u, m); })) {
+        clique.push_back(u);
+        c.clique += blocks_[u].bytes;
+      }
+  }
 
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> taken;
-  for (std::uint32_t i : live) taken.emplace_back(blocks_[i].offset, blocks_[i].bytes);
-  for (std::uint32_t i : unordered) taken.emplace_back(blocks_[i].offset, blocks_[i].bytes);
+  // The ranges this request must not overlap, by offset: the live ones are kept sorted.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> with_unordered;
+  if (!unordered.empty()) {
+    with_unordered = live_ranges_;
+    for (std::uint32_t i : unordered) with_unordered.emplace_back(blocks_[i].offset, blocks_[i].bytes);
+    std::sort(with_unordered.begin(), with_unordered.end());
+  }
+  const auto& taken = unordered.empty() ? live_ranges_ : with_unordered;
   auto fits_at = [&](std::uint64_t off) {
     return std::none_of(taken.begin(), taken.end(), [&](const auto& t) { return overlaps(off, bytes, t.first, t.second); });
   };
   const std::size_t n = blocks_.size();
   bool proposed = false;
   for (std::size_t p = 0; p < proposals_.size() && !proposed; ++p) {
-    const PackedLayout& l = *proposals_[p];
-    if (following_[p] && n < l.bytes.size() && l.bytes[n] == bytes && fits_at(l.offsets[n])) {
-      c.offset = l.offsets[n];
+    const LayoutProposal& l = *proposals_[p];
+    if (following_[p] && n < l.bytes().size() && l.bytes()[n] == bytes && fits_at(l.best().offsets[n])) {
+      c.offset = l.best().offsets[n];
       proposed = true;
     }
   }
-  if (!proposed) c.offset = best_fit(taken, bytes);
-  for (std::uint32_t i : c.ordered)
-    if (overlaps(c.offset, bytes, blocks_[i].offset, blocks_[i].bytes)) c.reused = true;
+  if (!proposed) c.offset = best_fit_sorted(taken, bytes);
+  c.unordered = unordered;
   if (explain && c.offset + bytes > region_) {
     // The region grows: say which released ranges could have held it but were not proven ordered.
     for (std::uint32_t i : unordered) {
@@ -124,12 +168,24 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
 void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, std::string name) {
   const std::size_t n = blocks_.size();
   for (std::size_t p = 0; p < proposals_.size(); ++p) {
-    const PackedLayout& l = *proposals_[p];
-    following_[p] = following_[p] && n < l.bytes.size() && l.bytes[n] == c.bytes && l.offsets[n] == c.offset;
+    const LayoutProposal& l = *proposals_[p];
+    following_[p] = following_[p] && n < l.bytes().size() && l.bytes()[n] == c.bytes && l.best().offsets[n] == c.offset;
   }
-  for (std::uint32_t i : c.ordered) {
-    auto& os = blocks_[i].ordered_streams;
-    if (std::find(os.begin(), os.end(), c.stream) == os.end()) os.push_back(c.stream);
+  // This stream now follows the blocks proven ordered: they leave its pending list for good.
+  StreamView* v = nullptr;
+  for (StreamView& x : streams_)
+    if (x.stream == c.stream) v = &x;
+  if (!v) {
+    StreamView fresh;
+    fresh.stream = c.stream;
+    for (std::uint32_t i = 0; i < blocks_.size(); ++i)
+      if (blocks_[i].released && blocks_[i].release_stream != c.stream) fresh.pending.push_back(i);
+    streams_.push_back(std::move(fresh));
+    v = &streams_.back();
+  }
+  if (!c.ordered.empty()) {
+    std::sort(c.ordered.begin(), c.ordered.end());
+    std::erase_if(v->pending, [&](std::uint32_t i) { return std::binary_search(c.ordered.begin(), c.ordered.end(), i); });
   }
   PlannedBlock b;
   b.serial = serial;
@@ -138,21 +194,34 @@ void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, s
   b.stream = c.stream;
   b.entry = entry;
   b.name = std::move(name);
-  b.ordered_before = std::move(c.ordered);
+  lt_->bytes.push_back(c.bytes);
+  lt_->offsets.push_back(c.offset);
+  if (!c.unordered.empty()) lt_->intervals = false;
+  lt_->requested_at.push_back(clock_++);
+  lt_->released_at.push_back(Lifetimes::kNever);
+  lt_->unordered_before.push_back(std::move(c.unordered));
+  b.request_known = c.request_known;
+  b.request_position = std::move(c.request_position);
   region_ = std::max(region_, c.offset + c.bytes);
+  lt_->region = region_;
   peak_ = std::max(peak_, c.clique);
-  if (serial) by_serial_[serial] = static_cast<std::uint32_t>(n);
+  live_.push_back(static_cast<std::uint32_t>(n));
+  live_bytes_ += c.bytes;
+  const std::pair<std::uint64_t, std::uint64_t> range{c.offset, c.bytes};
+  live_ranges_.insert(std::upper_bound(live_ranges_.begin(), live_ranges_.end(), range), range);
   blocks_.push_back(std::move(b));
 }
 
 PlannedBlock* CapturePlanner::live(std::uint64_t serial) {
-  auto it = by_serial_.find(serial);
-  return it == by_serial_.end() ? nullptr : &blocks_[it->second];
+  // Serials grow with every commit (taken under the planner's lock), so blocks_ is sorted by them.
+  auto it = std::lower_bound(blocks_.begin(), blocks_.end(), serial,
+                             [](const PlannedBlock& b, std::uint64_t s) { return b.serial < s; });
+  return it != blocks_.end() && it->serial == serial && !it->released ? &*it : nullptr;
 }
 
 PlannedBlock* CapturePlanner::live_at(std::uint64_t offset) {
-  for (auto& b : blocks_)
-    if (!b.released && b.offset == offset && b.bytes) return &b;
+  for (std::uint32_t i : live_)
+    if (blocks_[i].offset == offset && blocks_[i].bytes) return &blocks_[i];
   return nullptr;
 }
 
@@ -161,7 +230,54 @@ void CapturePlanner::release(PlannedBlock& b, void* stream, std::vector<const vo
   b.release_stream = stream;
   b.release_position = std::move(position);
   b.position_known = known;
-  by_serial_.erase(b.serial);
+  const auto idx = static_cast<std::uint32_t>(&b - blocks_.data());
+  if (auto it = std::find(live_.begin(), live_.end(), idx); it != live_.end()) {
+    live_.erase(it);
+    live_bytes_ -= b.bytes;
+  }
+  lt_->released_at[idx] = clock_++;
+  const std::pair<std::uint64_t, std::uint64_t> range{b.offset, b.bytes};
+  if (auto it = std::lower_bound(live_ranges_.begin(), live_ranges_.end(), range);
+      it != live_ranges_.end() && *it == range)
+    live_ranges_.erase(it);
+  // Every other stream of the capture has yet to be proven to follow this release.
+  for (StreamView& v : streams_)
+    if (v.stream != stream) v.pending.push_back(idx);
+}
+
+void CapturePlanner::sharing(std::vector<char>& shares, std::vector<char>& reuses) const {
+  const std::size_t n = blocks_.size();
+  shares.assign(n, 0);
+  reuses.assign(n, 0);
+  // The union of the ranges seen so far, as disjoint [begin, end) intervals keyed by begin: a range
+  // overlaps one of them iff it overlaps the union.
+  auto sweep = [&](bool forward, std::vector<char>& hit) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> cover;  // sorted, disjoint; few once the region fills
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t i = forward ? k : n - 1 - k;
+      const PlannedBlock& b = blocks_[i];
+      if (!b.bytes) continue;
+      std::uint64_t lo = b.offset, hi = b.offset + b.bytes;
+      // First interval ending after lo; every one from there that begins before hi overlaps.
+      auto first = std::partition_point(cover.begin(), cover.end(), [&](const auto& x) { return x.second <= lo; });
+      auto last = first;
+      while (last != cover.end() && last->first < hi) ++last;
+      if (first != last) {
+        hit[i] = 1;
+        lo = std::min(lo, first->first);
+        hi = std::max(hi, std::prev(last)->second);
+        *first = {lo, hi};
+        cover.erase(std::next(first), last);
+      } else {
+        cover.insert(first, {lo, hi});
+      }
+    }
+  };
+  sweep(true, reuses);
+  std::vector<char> later;
+  later.assign(n, 0);
+  sweep(false, later);
+  for (std::size_t i = 0; i < n; ++i) shares[i] = reuses[i] || later[i];
 }
 
 PackedLayout CapturePlanner::layout() const {
@@ -174,52 +290,55 @@ PackedLayout CapturePlanner::layout() const {
   return l;
 }
 
-std::uint64_t CapturePlanner::clique_bound() const {
+std::uint64_t clique_bound(const Lifetimes& l, std::uint64_t floor) {
+  if (l.intervals) return floor;  // the greedy cliques were the live sets: exact
   // Max weight clique of the conflict graph (any placement gives its members disjoint bytes):
   // branch and bound per last member c over the earlier blocks conflicting with c, with a step
   // budget; the greedy clique recorded at each request is the floor.
-  const auto n = static_cast<std::uint32_t>(blocks_.size());
-  std::uint64_t best = peak_;
+  const auto n = static_cast<std::uint32_t>(l.bytes.size());
+  auto conflict = [&](std::uint32_t a, std::uint32_t b) { return conflicts(l, a, b); };
+  const auto before = conflicts_before(l);
+  std::uint64_t best = floor;
   std::uint64_t budget = 2'000'000;
   for (std::uint32_t c = 0; c < n && budget; ++c) {
     std::vector<std::uint32_t> cand;
-    std::uint64_t total = blocks_[c].bytes;
-    for (std::uint32_t j = 0; j < c; ++j)
-      if (conflict(j, c) && blocks_[j].bytes) {
+    std::uint64_t total = l.bytes[c];
+    for (std::uint32_t j : before[c])
+      if (l.bytes[j]) {
         cand.push_back(j);
-        total += blocks_[j].bytes;
+        total += l.bytes[j];
       }
     if (total <= best) continue;
-    std::sort(cand.begin(), cand.end(), [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
+    std::sort(cand.begin(), cand.end(), [&](std::uint32_t a, std::uint32_t b) { return l.bytes[a] > l.bytes[b]; });
     std::function<void(std::size_t, std::uint64_t, std::uint64_t, std::vector<std::uint32_t>&)> grow =
         [&](std::size_t from, std::uint64_t weight, std::uint64_t rest, std::vector<std::uint32_t>& chosen) {
           best = std::max(best, weight);
           for (std::size_t k = from; k < cand.size() && budget; ++k, --budget) {
             if (weight + rest <= best) return;
             const std::uint32_t v = cand[k];
-            rest -= blocks_[v].bytes;
+            rest -= l.bytes[v];
             if (std::all_of(chosen.begin(), chosen.end(), [&](std::uint32_t m) { return conflict(v, m); })) {
               chosen.push_back(v);
-              grow(k + 1, weight + blocks_[v].bytes, rest, chosen);
+              grow(k + 1, weight + l.bytes[v], rest, chosen);
               chosen.pop_back();
             }
           }
         };
     std::vector<std::uint32_t> chosen;
-    grow(0, blocks_[c].bytes, total - blocks_[c].bytes, chosen);
+    grow(0, l.bytes[c], total - l.bytes[c], chosen);
   }
   return best;
 }
 
-PackedLayout CapturePlanner::pack() const {
-  const auto n = static_cast<std::uint32_t>(blocks_.size());
+PackedLayout pack(const Lifetimes& lt, std::uint64_t floor_hint) {
+  const auto n = static_cast<std::uint32_t>(lt.bytes.size());
   std::vector<std::vector<std::uint32_t>> adj(n);
-  for (std::uint32_t i = 0; i < n; ++i)
-    for (std::uint32_t j = i + 1; j < n; ++j)
-      if (conflict(i, j)) {
-        adj[i].push_back(j);
-        adj[j].push_back(i);
-      }
+  const auto before = conflicts_before(lt);
+  for (std::uint32_t j = 0; j < n; ++j)
+    for (std::uint32_t i : before[j]) {
+      adj[i].push_back(j);
+      adj[j].push_back(i);
+    }
   auto place = [&](const std::vector<std::uint32_t>& order, bool first_fit) {
     PackedLayout l;
     l.bytes.resize(n);
@@ -228,10 +347,10 @@ PackedLayout CapturePlanner::pack() const {
     for (std::uint32_t i : order) {
       std::vector<std::pair<std::uint64_t, std::uint64_t>> taken;
       for (std::uint32_t j : adj[i])
-        if (placed[j]) taken.emplace_back(l.offsets[j], blocks_[j].bytes);
-      l.offsets[i] = first_fit ? first_fit_offset(std::move(taken), blocks_[i].bytes) : best_fit(std::move(taken), blocks_[i].bytes);
-      l.bytes[i] = blocks_[i].bytes;
-      l.region = std::max(l.region, l.offsets[i] + blocks_[i].bytes);
+        if (placed[j]) taken.emplace_back(l.offsets[j], lt.bytes[j]);
+      l.offsets[i] = first_fit ? first_fit_offset(std::move(taken), lt.bytes[i]) : best_fit(std::move(taken), lt.bytes[i]);
+      l.bytes[i] = lt.bytes[i];
+      l.region = std::max(l.region, l.offsets[i] + lt.bytes[i]);
       placed[i] = 1;
     }
     return l;
@@ -241,7 +360,7 @@ PackedLayout CapturePlanner::pack() const {
   std::vector<std::uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
   std::stable_sort(order.begin(), order.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return blocks_[a].bytes > blocks_[b].bytes; });
+                   [&](std::uint32_t a, std::uint32_t b) { return lt.bytes[a] > lt.bytes[b]; });
   PackedLayout best = place(order, false);
   std::vector<std::uint32_t> best_order = order;
   auto consider = [&](const std::vector<std::uint32_t>& o) {
@@ -255,10 +374,10 @@ PackedLayout CapturePlanner::pack() const {
   };
   consider(order);
   std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
-    return blocks_[a].bytes * (adj[a].size() + 1) > blocks_[b].bytes * (adj[b].size() + 1);
+    return lt.bytes[a] * (adj[a].size() + 1) > lt.bytes[b] * (adj[b].size() + 1);
   });
   consider(order);
-  const std::uint64_t floor = clique_bound();
+  const std::uint64_t floor = clique_bound(lt, floor_hint);
   std::uint64_t x = 0x9e3779b97f4a7c15ull;  // fixed seed: the same lifetimes give the same layout
   const int rounds = n <= 512 ? 48 : 4;
   for (int r = 0; r < rounds && best.region > floor; ++r) {
@@ -274,10 +393,47 @@ PackedLayout CapturePlanner::pack() const {
   return best;
 }
 
+std::uint64_t CapturePlanner::clique_bound() const { return detail::clique_bound(*lt_, peak_); }
+
+PackedLayout CapturePlanner::pack() const { return detail::pack(*lt_, peak_); }
+
 PackedLayout CapturePlanner::best() const {
   PackedLayout packed = pack();
   PackedLayout made = layout();
   return packed.region < made.region ? packed : made;
+}
+
+std::uint64_t LayoutProposal::known_region() const {
+  return packed_.load(std::memory_order_acquire) ? best_.region : lifetimes_->region;
+}
+
+const PackedLayout& LayoutProposal::best() const {
+  std::call_once(once_, [&] {
+    PackedLayout packed = pack(*lifetimes_, floor_);
+    if (packed.region < lifetimes_->region) {
+      best_ = std::move(packed);
+    } else {
+      best_.bytes = lifetimes_->bytes;
+      best_.offsets = lifetimes_->offsets;
+      best_.region = lifetimes_->region;
+    }
+    packed_.store(true, std::memory_order_release);
+  });
+  return best_;
+}
+
+void keep_layout(std::vector<std::shared_ptr<const LayoutProposal>>& layouts, const CapturePlanner& p) {
+  auto same = std::find_if(layouts.begin(), layouts.end(), [&](const auto& l) { return l->bytes() == p.lifetimes().bytes; });
+  // A capture with the sizes of a kept layout followed it where it could: its own placement
+  // replaces it only when smaller than what is known of the kept one.
+  if (same != layouts.end() && (*same)->known_region() <= p.region()) return;
+  auto l = std::make_shared<const LayoutProposal>(p.shared_lifetimes(), p.peak_live());
+  if (same != layouts.end()) {
+    *same = std::move(l);
+    return;
+  }
+  if (layouts.size() >= 16) layouts.erase(layouts.begin());
+  layouts.push_back(std::move(l));
 }
 
 }  // namespace detail

@@ -21,12 +21,15 @@
 // Placement only: growth (slabs, virtual memory) and debug checks stay with the arena.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace graphsafe::detail {
@@ -37,15 +40,14 @@ struct PlannedBlock {
   std::uint64_t bytes = 0;  // range taken: guard included, 256-byte aligned
   void* stream = nullptr;
   std::size_t entry = 0;  // index of its plan entry
-  std::string name;
+  std::string name;  // debug mode only (explains a reuse not proven)
   bool released = false;
   void* release_stream = nullptr;
   bool position_known = false;
   std::vector<const void*> release_position;  // the releasing stream's capture dependencies at release
-  std::vector<std::uint32_t> ordered_before;  // earlier blocks whose release is ordered before this request (sorted)
-  // Streams proven to follow the release: a stream's capture dependencies only move forward, so
-  // the backend is asked once per (released block, stream).
-  std::vector<void*> ordered_streams;
+  // Debug mode: the requesting stream's capture dependencies at the request (the graph audit).
+  bool request_known = false;
+  std::vector<const void*> request_position;
 };
 
 // One offset per block, in request order: a placement a later capture of the same function follows.
@@ -54,6 +56,58 @@ struct PackedLayout {
   std::vector<std::uint64_t> offsets;
   std::uint64_t region = 0;
 };
+
+// What a packing needs of a capture, per block in request order: its size, where it was placed,
+// and which earlier blocks it conflicts with, as capture-order times (no list per block: the live
+// ones follow from the times, and releases not ordered before it are rare).
+struct Lifetimes {
+  std::vector<std::uint64_t> bytes;
+  std::vector<std::uint64_t> offsets;
+  // Capture order of each block's request and release (kNever: not released). An earlier block
+  // conflicts with a later one when it is released after the later one's request (both live at
+  // once), or when its release is not ordered before it (listed in unordered_before, sorted).
+  static constexpr std::uint64_t kNever = ~0ull;
+  std::vector<std::uint64_t> requested_at;
+  std::vector<std::uint64_t> released_at;
+  std::vector<std::vector<std::uint32_t>> unordered_before;
+  std::uint64_t region = 0;
+  // Every conflict is between blocks live at once in capture order (no release left unordered):
+  // the conflict graph is an interval graph, whose heaviest clique is the live set at a request.
+  bool intervals = true;
+};
+// Whether blocks a < b conflict, and each block's earlier conflicting blocks (sorted).
+bool conflicts(const Lifetimes& l, std::uint32_t a, std::uint32_t b);
+std::vector<std::vector<std::uint32_t>> conflicts_before(const Lifetimes& l);
+// The heaviest clique of the conflict graph found by a bounded search, at least `floor`.
+std::uint64_t clique_bound(const Lifetimes& l, std::uint64_t floor);
+// An offline packing of the lifetimes (best fit by decreasing size, by decreasing size x
+// conflicts, then perturbations while above the clique bound).
+PackedLayout pack(const Lifetimes& l, std::uint64_t floor);
+
+// A family's layout for its later captures: the block sizes, which a capture follows while its own
+// match, and the better of the placement made and an offline packing. The packing runs the first
+// time a capture follows the layout, not when it is recorded: most layouts are never followed
+// (bucket graphs differ in sizes from their first request), and packing is the costly part.
+class LayoutProposal {
+ public:
+  LayoutProposal(std::shared_ptr<const Lifetimes> l, std::uint64_t floor) : lifetimes_(std::move(l)), floor_(floor) {}
+  const std::vector<std::uint64_t>& bytes() const { return lifetimes_->bytes; }
+  // The smallest region known without packing now: the packing's once done, else the placement's.
+  std::uint64_t known_region() const;
+  const PackedLayout& best() const;  // packs on the first call (thread-safe)
+
+ private:
+  std::shared_ptr<const Lifetimes> lifetimes_;  // shared with the capture's planner, which has ended
+  std::uint64_t floor_;
+  mutable std::once_flag once_;
+  mutable std::atomic<bool> packed_{false};
+  mutable PackedLayout best_;
+};
+
+// Records a capture's layout with its family: one per sequence of block sizes, the smallest known
+// region kept, at most 16.
+class CapturePlanner;
+void keep_layout(std::vector<std::shared_ptr<const LayoutProposal>>& layouts, const CapturePlanner& p);
 
 class CapturePlanner {
  public:
@@ -64,10 +118,12 @@ class CapturePlanner {
     std::uint64_t offset = 0;
     std::uint64_t bytes = 0;
     void* stream = nullptr;
-    std::vector<std::uint32_t> ordered;  // released blocks ordered before this request
-    std::uint64_t clique = 0;            // lower bound at this request
-    std::string why_not;                 // explain: released ranges this request could not prove safe to reuse
-    bool reused = false;                 // lies (partly) over a released block's range
+    std::vector<std::uint32_t> ordered;    // released blocks newly proven ordered before this stream
+    std::vector<std::uint32_t> unordered;  // released blocks not ordered before it (sorted)
+    std::uint64_t clique = 0;              // lower bound at this request
+    std::string why_not;                   // explain: released ranges this request could not prove safe to reuse
+    bool request_known = false;          // debug mode: set by the caller before commit
+    std::vector<const void*> request_position;
   };
   // Where a request of `bytes` (aligned, guard included) on `stream` goes. Follows `proposals`
   // (layouts of earlier captures) when one fits this capture's conflicts.
@@ -77,6 +133,9 @@ class CapturePlanner {
   PlannedBlock* live(std::uint64_t serial);
   // The live block at this offset (opaque deallocate), nullptr when none.
   PlannedBlock* live_at(std::uint64_t offset);
+  // Per block: whether another block's range overlaps its range (shares), and whether an earlier
+  // one does (reuses). O(n log n): an interval union swept forwards, then backwards.
+  void sharing(std::vector<char>& shares, std::vector<char>& reuses) const;
   void release(PlannedBlock& b, void* stream, std::vector<const void*> position, bool known);
 
   std::uint64_t region() const { return region_; }
@@ -87,7 +146,7 @@ class CapturePlanner {
   const std::vector<PlannedBlock>& blocks() const { return blocks_; }
 
   // Layouts of earlier captures of this function: followed while their block sizes match.
-  void set_proposals(std::vector<std::shared_ptr<const PackedLayout>> p) {
+  void set_proposals(std::vector<std::shared_ptr<const LayoutProposal>> p) {
     proposals_ = std::move(p);
     following_.assign(proposals_.size(), 1);
   }
@@ -96,20 +155,37 @@ class CapturePlanner {
   PackedLayout layout() const;
   PackedLayout pack() const;
   PackedLayout best() const;
+  const Lifetimes& lifetimes() const { return *lt_; }
+  // Shared, not copied: the planner adds no block once its capture has ended.
+  std::shared_ptr<const Lifetimes> shared_lifetimes() const { return lt_; }
 
  private:
   bool conflict(std::uint32_t a, std::uint32_t b) const;  // a != b
+  // A stream that requested in this capture, and the released blocks (released on other streams)
+  // not yet proven ordered before its next work. A stream's capture dependencies only move
+  // forward, so a block once proven ordered stays so and is asked about once per stream.
+  struct StreamView {
+    void* stream = nullptr;
+    std::vector<std::uint32_t> pending;
+  };
+  const StreamView* view(void* stream) const;
   std::vector<PlannedBlock> blocks_;
-  std::unordered_map<std::uint64_t, std::uint32_t> by_serial_;  // live blocks
+  std::shared_ptr<Lifetimes> lt_ = std::make_shared<Lifetimes>();
+  std::vector<StreamView> streams_;
+  std::vector<std::uint32_t> live_;  // blocks not released (request order)
+  std::uint64_t live_bytes_ = 0;
+  std::uint64_t clock_ = 0;  // capture order of requests and releases
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> live_ranges_;  // their (offset, bytes), sorted
   std::uint64_t region_ = 0;
   std::uint64_t peak_ = 0;
-  std::vector<std::shared_ptr<const PackedLayout>> proposals_;
+  std::vector<std::shared_ptr<const LayoutProposal>> proposals_;
   std::vector<char> following_;  // per proposal: every block so far was placed as it says
 };
 
 // Best fit among `taken` ranges (offset, bytes): the smallest gap that holds `bytes`, else the end
 // of the highest range.
 std::uint64_t best_fit(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes);
+std::uint64_t best_fit_sorted(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& taken, std::uint64_t bytes);
 // The lowest gap that holds `bytes`.
 std::uint64_t first_fit_offset(std::vector<std::pair<std::uint64_t, std::uint64_t>> taken, std::uint64_t bytes);
 

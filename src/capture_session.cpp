@@ -1,4 +1,5 @@
 #include "arena_core.hpp"
+#include "graph_audit.hpp"
 
 #include <graphsafe/error.hpp>
 
@@ -124,14 +125,26 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
     abandon_session(st);
     throw;
   }
+  // Graphs of the family may have replayed on other streams while this one captured (begin ordered
+  // the stream only after the replays before it): this graph's first replay must follow them. The
+  // family's replays wait until this stream is recorded as its last.
+  std::unique_lock serial(st.family->replay_mutex);
   // The backend has instantiated the graph: from here a failure must destroy it and give back the
   // region. Everything that may throw (allocations) runs before end_capture hands the region to the
   // family; a failure then is an abandoned capture.
   std::unique_ptr<GraphState> g;
   try {
+    void* last;
+    {
+      std::lock_guard lk(core.lock);
+      last = st.family->last_stream;
+    }
+    if (last && last != stream_tag(st.stream)) core.backend.order_after(st.stream, tagged_stream(last));
     st.plan.set_bytes(align_up(st.bump, kAlignment));
     core.capture_planned(st);  // the planner's lifetimes and packed layout into the plan and family
     st.plan.finalize();
+    // Debug mode: prove on the instantiated graph that every reused range is ordered (findings).
+    if (core.opts.debug) [[unlikely]] audit_captured_graph(st, h);
     g = std::make_unique<GraphState>();
     g->opts = st.opts;
   } catch (...) {
@@ -170,6 +183,7 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
     ++core.live_graphs;
     st.family->last_stream = stream_tag(st.stream);
   }
+  serial.unlock();
   // Debug mode: the capture's report on stderr (findings of all kinds), NVTX registration. The graph
   // is whole by now: if an observer fails, it is destroyed as any graph is.
   if (core.observer) [[unlikely]] {

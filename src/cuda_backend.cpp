@@ -10,6 +10,9 @@ namespace graphsafe {
 
 void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
   if (err == cudaSuccess) return;
+  // The exception reports the error: clear it from the thread's last error, where the next
+  // launch check of other code (PyTorch's) would find it and fail in its place.
+  cudaGetLastError();
   std::string f = file;
   if (auto slash = f.find_last_of('/'); slash != std::string::npos) f = f.substr(slash + 1);
   const std::string msg = std::string("graphsafe: CUDA call failed: ") + call + " -> " + cudaGetErrorName(err) + " (" +
@@ -214,11 +217,37 @@ bool CudaBackend::capture_ordered_after(Stream s, const std::vector<const void*>
   return left.empty();
 }
 
+bool CudaBackend::graph_topology(const GraphHandle& g, GraphTopology& out) const {
+  auto graph = static_cast<cudaGraph_t>(g.graph);
+  if (!graph) return false;
+  std::size_t n = 0, e = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess || cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &e) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  std::vector<cudaGraphNode_t> nodes(n), from(e), to(e);
+  // Edge data is asked for too: without it, edges that carry some (programmatic launches) fail the query.
+  std::vector<cudaGraphEdgeData> data(e);
+  if ((n && cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) ||
+      (e && cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &e) != cudaSuccess)) {
+    cudaGetLastError();
+    return false;
+  }
+  out.nodes.assign(nodes.begin(), nodes.begin() + static_cast<std::ptrdiff_t>(n));
+  out.edges.clear();
+  for (std::size_t i = 0; i < e; ++i) out.edges.emplace_back(from[i], to[i]);
+  return true;
+}
+
 void CudaBackend::launch(const GraphHandle& g, Stream s) {
   GRAPHSAFE_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), s.cuda()));
 }
 
 void CudaBackend::destroy(GraphHandle& g) noexcept {
+  // A graph may die while this thread captures another (Python drops the old graph when
+  // `with arena.capture(b) as cap:` rebinds `cap`): in global mode the destroy would invalidate
+  // that capture.
+  RelaxedMode relaxed;
   if (g.exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g.exec));
   if (g.graph) cudaGraphDestroy(static_cast<cudaGraph_t>(g.graph));
   g = {};

@@ -3,6 +3,9 @@
 #include <graphsafe/extent.hpp>
 
 #include <algorithm>
+#include <initializer_list>
+#include <string>
+#include <string_view>
 
 namespace graphsafe {
 namespace detail {
@@ -443,8 +446,14 @@ bool sum_chain(const ExtentNode& n, const Bindings& b, std::span<const std::int6
 }
 
 std::string str(const ExtentNode& n) {
-  auto bin = [&](const char* op) { return "(" + str(*n.a) + " " + op + " " + str(*n.b) + ")"; };
-  auto fn = [&](const char* f) { return std::string(f) + "(" + str(*n.a) + ", " + str(*n.b) + ")"; };
+  // Appended piece by piece: GCC 12's -Wrestrict misreads `"(" + std::string&&` (a false positive).
+  auto join = [](std::initializer_list<std::string_view> parts) {
+    std::string out;
+    for (std::string_view p : parts) out += p;
+    return out;
+  };
+  auto bin = [&](const char* op) { return join({"(", str(*n.a), " ", op, " ", str(*n.b), ")"}); };
+  auto fn = [&](const char* f) { return join({f, "(", str(*n.a), ", ", str(*n.b), ")"}); };
   switch (n.op) {
     case Op::constant: return std::to_string(n.value);
     case Op::symbol: return sym_of(n.sym).name();
@@ -455,8 +464,8 @@ std::string str(const ExtentNode& n) {
     case Op::min: return fn("min");
     case Op::ceil_div: return fn("ceil_div");
     case Op::floor_div: return fn("floor_div");
-    case Op::sum: return "sum_b(" + str(*n.a) + ")";
-    case Op::max_over: return "max_b(" + str(*n.a) + ")";
+    case Op::sum: return join({"sum_b(", str(*n.a), ")"});
+    case Op::max_over: return join({"max_b(", str(*n.a), ")"});
   }
   return "?";
 }

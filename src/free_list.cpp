@@ -28,6 +28,7 @@ Block* FreeList::new_block() {
   b->state = BlockState::free;
   b->indexed = false;
   b->stream = nullptr;
+  b->released = 0;
   return b;
 }
 
@@ -57,6 +58,7 @@ void FreeList::add_slab(std::uintptr_t addr, std::uint64_t size, void* stream) {
   b->size = size;
   b->slab = &s;
   b->stream = stream;
+  b->released = ++releases_;
   s.blocks.push_back(*b);
   insert_free(b);
   slab_bytes_ += size;
@@ -90,6 +92,7 @@ Block* FreeList::take_best_fit(std::uint64_t bytes) {
   front->size = bytes;
   front->slab = b->slab;
   front->stream = b->stream;
+  front->released = b->released;
   front->state = BlockState::used;
   b->slab->blocks.insert(b->slab->blocks.iterator_to(*b), *front);
   b->addr += bytes;
@@ -124,10 +127,11 @@ void FreeList::trim_tail(Block* b, std::uint64_t keep) {
   tail->size = b->size - keep;
   tail->slab = b->slab;
   tail->stream = b->stream;
+  tail->released = b->released;
   b->size = keep;
   b->slab->blocks.insert(std::next(b->slab->blocks.iterator_to(*b)), *tail);
-  tail->state = BlockState::used;  // give_back marks it free and coalesces it with the next block
-  give_back(tail, tail->stream);
+  tail->state = BlockState::used;  // put_back marks it free and coalesces it with the next block
+  put_back(tail, tail->stream);
 }
 
 Block* FreeList::next_in_slab(Block* b) const {
@@ -153,6 +157,11 @@ bool FreeList::extend(Block* b, std::uint64_t extra) {
 }
 
 void FreeList::give_back(Block* b, void* stream) {
+  b->released = ++releases_;
+  put_back(b, stream);
+}
+
+void FreeList::put_back(Block* b, void* stream) {
   b->stream = stream;
   auto& list = b->slab->blocks;
   auto mergeable = [&](Block* n) {
@@ -177,6 +186,7 @@ void FreeList::give_back(Block* b, void* stream) {
   std::uintptr_t addr = p ? p->addr : b->addr;
   std::uint64_t size = b->size + (p ? p->size : 0) + (n ? n->size : 0);
   void* merged_stream = keep->stream ? keep->stream : (other && other->stream ? other->stream : b->stream);
+  const std::uint64_t merged_released = std::max({keep->released, other ? other->released : 0, b->released});
   if (other) {
     erase_free(other);
     list.erase(list.iterator_to(*other));
@@ -189,6 +199,7 @@ void FreeList::give_back(Block* b, void* stream) {
   keep->addr = addr;
   keep->size = size;
   keep->stream = merged_stream;
+  keep->released = merged_released;
   auto next = std::next(kit);
   if (next != free_.end() && BySizeThenAddr{}(*next, *keep)) {
     free_.erase(kit);
@@ -216,6 +227,7 @@ void FreeList::release_eager(Block* b, void* stream) {
       ++cache_sizes_;
     }
     b->stream = stream;
+    b->released = ++releases_;
     b->state = BlockState::cached;
     b->next_spare = bins_[i].head;
     bins_[i].head = b;
@@ -234,7 +246,7 @@ void FreeList::flush_cache_slow() {
       b->next_spare = nullptr;
       b->state = BlockState::used;
       if (b->indexed) unindex_used(b);
-      give_back(b, b->stream);
+      put_back(b, b->stream);  // released when it was cached
     }
     bin.size = 0;
   }
@@ -250,14 +262,14 @@ Block* FreeList::find_used(std::uintptr_t addr) {
   return it == used_.end() || it->state != BlockState::used ? nullptr : &*it;
 }
 
-void FreeList::mark_ready(const std::vector<void*>& synchronized_streams) {
+void FreeList::mark_ready(const std::vector<void*>& synchronized_streams, std::uint64_t horizon) {
   flush_cache();
   auto synced = [&](void* st) {
     return !st || std::find(synchronized_streams.begin(), synchronized_streams.end(), st) != synchronized_streams.end();
   };
   for (Slab& s : slabs_) {
     for (Block& b : s.blocks)
-      if (b.state == BlockState::free && synced(b.stream)) b.stream = nullptr;
+      if (b.state == BlockState::free && b.released <= horizon && synced(b.stream)) b.stream = nullptr;
     // Coalesce runs of free blocks (a block still tied to a stream merges only with ready ones or
     // its own stream's, as in give_back).
     for (auto it = s.blocks.begin(); it != s.blocks.end(); ++it) {
@@ -270,6 +282,7 @@ void FreeList::mark_ready(const std::vector<void*>& synchronized_streams) {
         erase_free(n);
         b->size += n->size;
         if (!b->stream) b->stream = n->stream;
+        b->released = std::max(b->released, n->released);
         s.blocks.erase(s.blocks.iterator_to(*n));
         delete_block(n);
         insert_free(b);

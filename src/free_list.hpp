@@ -40,6 +40,7 @@ struct Block {
   BlockState state = BlockState::free;
   bool indexed = false;    // in the used tree (raw allocate); stays there while cached
   void* stream = nullptr;  // stream of the last release (free blocks); nullptr = ready for any stream
+  std::uint64_t released = 0;  // FreeList::releases() at that release (the latest of merged blocks)
   Block* next_spare = nullptr;  // descriptor pool link, or the next block of a cache bin
 };
 
@@ -134,9 +135,13 @@ class FreeList {
   // The indexed block at `addr` if it is in use; nullptr otherwise (a cached one was released).
   Block* find_used(std::uintptr_t addr);
 
-  // Forget the release streams in `synchronized_streams` (the caller waited for them) and coalesce
-  // what that frees up (the cache is flushed first).
-  void mark_ready(const std::vector<void*>& synchronized_streams);
+  // Forget the release streams in `synchronized_streams` (the caller waited for them) of the blocks
+  // released up to `horizon` (releases() when the caller chose the streams: a block released later
+  // may still be in use by work its stream queued after the wait) and coalesce what that frees up
+  // (the cache is flushed first).
+  void mark_ready(const std::vector<void*>& synchronized_streams, std::uint64_t horizon = ~std::uint64_t{0});
+  // Releases counted so far (give_back, release_eager, add_slab): orders releases against waits.
+  std::uint64_t releases() const { return releases_; }
   // Slabs whose single block is free and ready (no release stream: see mark_ready), after flushing
   // the cache; removes them and returns (addr, size) pairs.
   std::vector<std::pair<std::uintptr_t, std::uint64_t>> remove_free_slabs();
@@ -166,6 +171,8 @@ class FreeList {
   void insert_free(Block* b);
   void erase_free(Block* b);
   void flush_cache_slow();
+  // give_back keeping b->released (a cached block's release, a taken block's tail).
+  void put_back(Block* b, void* stream);
 
   // The cache: open addressing over exact sizes (a bin stays claimed until the next flush), each bin
   // a singly linked list (through next_spare) of blocks of that size.
@@ -186,6 +193,7 @@ class FreeList {
   std::deque<Block> storage_;  // descriptors never move
   Block* spare_ = nullptr;
   std::uint64_t free_bytes_ = 0;
+  std::uint64_t releases_ = 0;
   std::uint64_t slab_bytes_ = 0;
   CacheBin bins_[kCacheSlots];
   std::size_t cache_sizes_ = 0;  // claimed bins

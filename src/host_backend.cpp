@@ -260,8 +260,10 @@ HostStream::~HostStream() {
 
 void HostStream::launch(std::function<void()> work, std::vector<HostAccess> touches, std::source_location loc) {
   if (capture_) {
-    const std::uint32_t n = capture_->add({std::move(work), std::move(touches), detail::site_of(loc)}, std::move(deps_));
-    deps_.assign(1, n);
+    // The site names a race, which needs declared ranges: no string for work that declares none.
+    std::string site = touches.empty() ? std::string() : detail::site_of(loc);
+    const std::uint32_t n = capture_->add({std::move(work), std::move(touches), std::move(site)}, deps_);
+    deps_.assign(1, n);  // keeps its capacity: no allocation per launch
   } else if (backend_) {  // set only by a seeded backend
     detail::HostScheduler& sc = *backend_->sched_;
     std::lock_guard g(sc.m);
@@ -309,6 +311,7 @@ std::atomic<std::uint64_t> next_capture_id{1};
 // An instantiated host graph: the capture's nodes in one topological order.
 struct HostGraph {
   std::vector<HostWork> work;
+  std::vector<std::vector<std::uint32_t>> deps;  // per captured node (capture order): graph_topology
 };
 
 // Kahn's algorithm taking the most recently captured ready node first: concurrent branches run in
@@ -316,13 +319,20 @@ struct HostGraph {
 std::vector<std::uint32_t> replay_order(const detail::HostCapture& c) {
   const std::size_t n = c.nodes.size();
   std::vector<std::uint32_t> waiting(n, 0);
-  std::vector<std::vector<std::uint32_t>> succ(n);
+  // Successors in one array (offsets per node): no allocation per node.
+  std::vector<std::uint32_t> first(n + 1, 0);
   for (std::uint32_t i = 0; i < n; ++i)
     for (std::uint32_t d : c.nodes[i].deps) {
       ++waiting[i];
-      succ[d].push_back(i);
+      ++first[d + 1];
     }
+  for (std::size_t i = 0; i < n; ++i) first[i + 1] += first[i];
+  std::vector<std::uint32_t> succ(first[n]);
+  std::vector<std::uint32_t> fill(first.begin(), first.end() - 1);
+  for (std::uint32_t i = 0; i < n; ++i)
+    for (std::uint32_t d : c.nodes[i].deps) succ[fill[d]++] = i;
   std::vector<std::uint32_t> ready, order;
+  order.reserve(n);
   for (std::uint32_t i = 0; i < n; ++i)
     if (!waiting[i]) ready.push_back(i);
   while (!ready.empty()) {
@@ -330,8 +340,8 @@ std::vector<std::uint32_t> replay_order(const detail::HostCapture& c) {
     const std::uint32_t i = *it;
     ready.erase(it);
     order.push_back(i);
-    for (std::uint32_t s : succ[i])
-      if (--waiting[s] == 0) ready.push_back(s);
+    for (std::uint32_t k = first[i]; k < first[i + 1]; ++k)
+      if (--waiting[succ[k]] == 0) ready.push_back(succ[k]);
   }
   return order;
 }
@@ -491,6 +501,8 @@ GraphHandle HostBackend::end_capture(Stream s) {
   }
   auto* g = new HostGraph;
   for (std::uint32_t i : replay_order(c)) g->work.push_back(std::move(c.nodes[i].work));
+  g->deps.reserve(c.nodes.size());
+  for (auto& node : c.nodes) g->deps.push_back(std::move(node.deps));
   abort_capture(s);  // detaches the streams; the nodes' work has moved to the graph
   return {g, g};
 }
@@ -535,6 +547,20 @@ bool HostBackend::capture_ordered_after(Stream s, const std::vector<const void*>
   for (std::uint32_t t : targets)
     if (t >= h.capture_->nodes.size()) return false;  // a node of another capture: unproven
   return h.capture_->reaches(h.deps_, std::move(targets));
+}
+
+bool HostBackend::graph_topology(const GraphHandle& g, GraphTopology& out) const {
+  const auto* graph = static_cast<const HostGraph*>(g.exec);
+  if (!graph) return false;
+  // Node handles as capture_dependencies gives them: index + 1.
+  auto handle = [](std::uint32_t n) { return reinterpret_cast<const void*>(static_cast<std::uintptr_t>(n) + 1); };
+  out.nodes.clear();
+  out.edges.clear();
+  for (std::uint32_t n = 0; n < graph->deps.size(); ++n) {
+    out.nodes.push_back(handle(n));
+    for (std::uint32_t d : graph->deps[n]) out.edges.emplace_back(handle(d), handle(n));
+  }
+  return true;
 }
 
 void HostBackend::launch(const GraphHandle& g, Stream s) {

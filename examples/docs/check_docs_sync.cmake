@@ -1,10 +1,20 @@
-# Every examples/docs/*.cpp / *.hpp (and the install consumer's CMakeLists.txt shown in the
-# quickstart) must appear verbatim in README.md or some docs/*.md, so the docs never show code the build does not
-# compile. Run: cmake -DSRC=<repo> -P examples/docs/check_docs_sync.cmake
-file(GLOB samples ${SRC}/examples/docs/*.cpp ${SRC}/examples/docs/*.hpp)
+# The docs show only code the build compiles, checked both ways. Run:
+#   cmake -DSRC=<repo> -P examples/docs/check_docs_sync.cmake
+#
+# 1. Every examples/docs/*.cpp / *.hpp / *.cmake (and the install consumer's CMakeLists.txt shown in
+#    the quickstart) appears verbatim in README.md or some docs/*.md.
+# 2. Every ```cpp and ```cmake block of README.md and docs/*.md has the marker
+#      <!-- verbatim: <file> (checked by the docs_examples_in_sync test) -->
+#    on the line above it, and its text is exactly that file's. Pages in `fragment_pages` show short
+#    fragments inside their prose as well; there only the blocks that carry a marker are checked.
+cmake_minimum_required(VERSION 3.25)
+file(GLOB samples ${SRC}/examples/docs/*.cpp ${SRC}/examples/docs/*.hpp ${SRC}/examples/docs/*.cmake)
+# The two scripts here that run the checks are not samples.
+list(REMOVE_ITEM samples ${SRC}/examples/docs/check_docs_sync.cmake ${SRC}/examples/docs/run_gpu_sample.cmake)
 list(APPEND samples ${SRC}/tests/install/consumer/CMakeLists.txt)
 file(GLOB pages ${SRC}/docs/*.md)
 list(APPEND pages ${SRC}/README.md)
+set(fragment_pages debug_mode.md virtual_growth.md)
 set(all "")
 foreach(p ${pages})
   file(READ ${p} text)
@@ -20,6 +30,70 @@ foreach(s ${samples})
   else()
     message(STATUS "in sync: ${s}")
   endif()
+endforeach()
+
+set(fence "```")
+foreach(p ${pages})
+  file(READ ${p} rest)
+  get_filename_component(page ${p} NAME)
+  list(FIND fragment_pages ${page} fragments)
+  set(line 1)
+  while(TRUE)
+    # The next fence that opens a block: a line starting with ```; `before` is the text up to it.
+    string(FIND "${rest}" "\n${fence}" pos)
+    if(pos EQUAL -1)
+      break()
+    endif()
+    string(SUBSTRING "${rest}" 0 ${pos} before)
+    math(EXPR open "${pos} + 4")
+    string(SUBSTRING "${rest}" ${open} -1 rest)
+    string(FIND "${rest}" "\n" eol)
+    string(SUBSTRING "${rest}" 0 ${eol} lang)
+    math(EXPR eol "${eol} + 1")
+    string(SUBSTRING "${rest}" ${eol} -1 rest)
+    # The block's text runs to the closing fence (its last newline included).
+    string(FIND "\n${rest}" "\n${fence}" close)
+    if(close EQUAL -1)
+      message(SEND_ERROR "${p}: a ${fence}${lang} block is never closed")
+      set(missing 1)
+      break()
+    endif()
+    string(SUBSTRING "${rest}" 0 ${close} body)
+    math(EXPR skip "${close} + 3")
+    string(SUBSTRING "${rest}" ${skip} -1 rest)
+    # Line numbers for the messages: `at` is the opening fence's, `line` the first of `rest`.
+    string(REGEX MATCHALL "\n" newlines "${before}")
+    list(LENGTH newlines n)
+    math(EXPR at "${line} + ${n} + 1")
+    string(REGEX MATCHALL "\n" newlines "${body}")
+    list(LENGTH newlines n)
+    math(EXPR line "${at} + ${n} + 1")
+    string(FIND "${before}" "\n" last REVERSE)
+    math(EXPR last "${last} + 1")
+    string(SUBSTRING "${before}" ${last} -1 marker_line)
+    if(NOT lang MATCHES "^(cpp|cmake)( |$)")
+      continue()
+    endif()
+    if(marker_line MATCHES "^<!-- verbatim: ([^ ]+) ")
+      set(file ${SRC}/${CMAKE_MATCH_1})
+      if(NOT EXISTS ${file})
+        message(SEND_ERROR "${p}:${at}: the marker names ${CMAKE_MATCH_1}, which does not exist")
+        set(missing 1)
+        continue()
+      endif()
+      file(READ ${file} code)
+      if(NOT body STREQUAL code)
+        message(SEND_ERROR "${p}:${at}: the ${fence}${lang} block is not the text of ${CMAKE_MATCH_1} (paste the whole file)")
+        set(missing 1)
+      else()
+        message(STATUS "in sync: ${p}:${at} is ${CMAKE_MATCH_1}")
+      endif()
+    elseif(fragments EQUAL -1)
+      message(SEND_ERROR "${p}:${at}: a ${fence}${lang} block without a '<!-- verbatim: examples/docs/<file> ... -->' "
+                         "marker: every C++ and CMake block is a compiled sample")
+      set(missing 1)
+    endif()
+  endwhile()
 endforeach()
 if(missing)
   message(FATAL_ERROR "docs samples out of sync")

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace graphsafe {
@@ -25,6 +26,13 @@ struct CaptureInfo {
 struct GraphHandle {
   void* graph = nullptr;
   void* exec = nullptr;
+};
+
+// A captured graph's nodes and dependency edges, as opaque handles: the values
+// capture_dependencies gave for the same nodes during the capture.
+struct GraphTopology {
+  std::vector<const void*> nodes;
+  std::vector<std::pair<const void*, const void*>> edges;  // (from, to): `to` depends on `from`
 };
 
 class Backend {
@@ -57,6 +65,9 @@ class Backend {
   // `s`'s dependencies or an ancestor of one). An empty `before` is trivially ordered. False when
   // the backend cannot tell: unproven means no reuse.
   virtual bool capture_ordered_after(Stream s, const std::vector<const void*>& before) const;
+  // The nodes and edges of an ended capture's graph (debug mode's graph audit reads them to check
+  // every reuse of a range against the graph itself). False when the backend cannot tell.
+  virtual bool graph_topology(const GraphHandle& g, GraphTopology& out) const;
 
   // Make `waiter` wait for everything issued to `producer` so far (event record + wait).
   virtual void order_after(Stream waiter, Stream producer) = 0;

@@ -51,6 +51,9 @@ inline constexpr std::string_view captured_eager_release = "captured-eager-relea
 // A capture request could not reuse a range released earlier in the capture: the graph does not
 // order the release before this request's stream (join the streams with an event).
 inline constexpr std::string_view reuse_not_proven = "reuse-not-proven";
+// Two workspaces of a captured graph share bytes but the instantiated graph does not order every use
+// of the earlier before every use of the later (the graph audit at instantiation; names both sites).
+inline constexpr std::string_view unordered_reuse = "unordered-reuse";
 }  // namespace kind
 
 struct Finding {

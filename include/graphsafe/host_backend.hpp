@@ -163,6 +163,7 @@ class HostBackend final : public Backend {
   void abort_capture(Stream s) noexcept override;
   bool capture_dependencies(Stream s, std::vector<const void*>& out) const override;
   bool capture_ordered_after(Stream s, const std::vector<const void*>& before) const override;
+  bool graph_topology(const GraphHandle& g, GraphTopology& out) const override;
   void launch(const GraphHandle& g, Stream s) override;
   void destroy(GraphHandle& g) noexcept override;
   void order_after(Stream waiter, Stream producer) override;

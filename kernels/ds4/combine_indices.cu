@@ -14,9 +14,14 @@ namespace {
 
 using namespace detail;
 
+// One CTA per query row r = b * query_tokens + t (the lists are per query row, the lengths and
+// block tables per request): token t of a request of length L_b sits at position L_b - s_q + t and
+// attends like a one-token request of length L_b - s_q + 1 + t (0 below position 0 and for L_b == 0).
 __global__ void __launch_bounds__(256) combine_paged_kernel(const PagedIndexArgs a) {
-  const int b = blockIdx.x;
-  const int L = max(a.seq_lens[b], 0);
+  const int row = blockIdx.x;
+  const int b = row / a.query_tokens;
+  const int L_req = max(a.seq_lens[b], 0);
+  const int L = L_req > 0 ? max(L_req - a.query_tokens + 1 + row % a.query_tokens, 0) : 0;
   const int n_c = a.ratio > 1 ? L / a.ratio : 0;
   const int topk_len = a.ratio == 4 ? min(n_c, a.topk) : (a.ratio > 1 ? min(n_c, a.cmp_width) : 0);
   const int swa = min(L, a.window);
@@ -25,15 +30,15 @@ __global__ void __launch_bounds__(256) combine_paged_kernel(const PagedIndexArgs
     for (int i = threadIdx.x; i < a.cmp_width; i += blockDim.x) {
       int v = -1;
       if (i < topk_len) {
-        const int c = a.ratio == 4 ? a.topk_local[static_cast<long long>(b) * a.topk + i] : i;
+        const int c = a.ratio == 4 ? a.topk_local[static_cast<long long>(row) * a.topk + i] : i;
         if (c >= 0) {
           const int blk = a.cmp_block_table[static_cast<long long>(b) * a.cmp_blocks_per_req + c / a.cmp_block_entries];
           if (blk >= 0) v = blk * a.cmp_block_entries + c % a.cmp_block_entries;
         }
       }
-      a.cmp_idx[static_cast<long long>(b) * a.cmp_width + i] = v;
+      a.cmp_idx[static_cast<long long>(row) * a.cmp_width + i] = v;
     }
-    if (threadIdx.x == 0) a.cmp_lens[b] = topk_len;
+    if (threadIdx.x == 0) a.cmp_lens[row] = topk_len;
   }
   for (int i = threadIdx.x; i < a.window; i += blockDim.x) {
     int v = -1;
@@ -42,9 +47,9 @@ __global__ void __launch_bounds__(256) combine_paged_kernel(const PagedIndexArgs
       const int blk = a.swa_block_table[static_cast<long long>(b) * a.swa_blocks_per_req + pos / a.swa_block_tokens];
       if (blk >= 0) v = blk * a.swa_block_tokens + pos % a.swa_block_tokens;
     }
-    a.swa_idx[static_cast<long long>(b) * a.window + i] = v;
+    a.swa_idx[static_cast<long long>(row) * a.window + i] = v;
   }
-  if (threadIdx.x == 0) a.swa_lens[b] = swa;
+  if (threadIdx.x == 0) a.swa_lens[row] = swa;
 }
 
 constexpr int kCombineGatherThreads = 256;
@@ -80,6 +85,9 @@ void combine_paged(const PagedIndexArgs& a, cudaStream_t stream) {
   require_batch(fn, a.batch);
   require_ratio(fn, a.ratio);
   if (a.window <= 0) bad_arg(fn, "window", a.window, ">= 1");
+  require_query_tokens(fn, a.query_tokens);
+  if (static_cast<long long>(a.batch) * a.query_tokens > INT_MAX)
+    bad_arg(fn, "batch * query_tokens", static_cast<long long>(a.batch) * a.query_tokens, "<= 2^31-1 (query rows)");
   require_ptr(fn, "seq_lens", a.seq_lens);
   require_ptr(fn, "swa_block_table", a.swa_block_table);
   require_ptr(fn, "swa_idx", a.swa_idx);
@@ -96,7 +104,7 @@ void combine_paged(const PagedIndexArgs& a, cudaStream_t stream) {
   }
   PagedIndexArgs k = a;
   if (a.ratio == 1) k.cmp_idx = nullptr;
-  combine_paged_kernel<<<a.batch, 256, 0, stream>>>(k);
+  combine_paged_kernel<<<a.batch * a.query_tokens, 256, 0, stream>>>(k);
   check_launch(fn);
 }
 

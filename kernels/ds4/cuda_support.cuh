@@ -45,6 +45,10 @@ inline void require_heads(const std::string& fn, int h) {
 inline void require_batch(const std::string& fn, int b) {
   if (b <= 0) bad_arg(fn, "batch (B)", b, "B >= 1");
 }
+inline void require_query_tokens(const std::string& fn, int s_q) {
+  if (s_q < 1 || s_q > kMaxQueryTokens)
+    bad_arg(fn, "query_tokens (s_q)", s_q, "1 .. " + std::to_string(kMaxQueryTokens) + " query tokens per request");
+}
 inline void require_ratio(const std::string& fn, int r) {
   if (r != 1 && r != 4 && r != 128) bad_arg(fn, "ratio", r, "1 (C1), 4 (C4) or 128 (C128)");
 }

@@ -1,5 +1,6 @@
 #include <graphsafe/ds4/decode_step.hpp>
 #include <graphsafe/ds4/kernels.hpp>
+#include <graphsafe/ds4/paged_attention.hpp>
 #include <graphsafe/error.hpp>
 #include <graphsafe/footprint.hpp>
 #include <graphsafe/policies/capacity_bound.hpp>
@@ -155,58 +156,16 @@ StepSizes GatherDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindin
 }
 
 PagedDecode::PagedDecode(Arena& arena, const LayerConfig& cfg, const Ds4Symbols& syms)
-    : arena_(arena), cfg_(cfg), syms_(syms) {}
+    : arena_(arena), cfg_(cfg), syms_(syms) {
+  (void)PagedAttention(AttentionProblem{cfg});  // refuses an unsupported layer here, not at the first step
+}
 
 StepSizes PagedDecode::run(Stream s, const cuda::DeviceProblem& d, const Bindings& b, std::uint16_t* out) {
-  const int R = d.batch;
-  const int cw = cfg_.compressed_width();
-  const std::int64_t splits = splits_for(cfg_, R);
-  const Extent Rx(syms_.requests);
-  auto cmp_idx = arena_.request(s, "ds4.paged.cmp_idx", Rx * std::max(cw, 1), 4, capacity_bound, b);
-  auto cmp_lens = arena_.request(s, "ds4.paged.cmp_lens", Rx, 4, capacity_bound, b);
-  auto swa_idx = arena_.request(s, "ds4.paged.swa_idx", Rx * Extent(syms_.window), 4, capacity_bound, b);
-  auto swa_lens = arena_.request(s, "ds4.paged.swa_lens", Rx, 4, capacity_bound, b);
-  auto scratch = attention_scratch(arena_, s, cfg_, R, splits, b);
+  const PagedAttention op(AttentionProblem{cfg_});
+  const AttentionWorkspaces w = op.request(arena_, s, syms_, b);
+  op.run(arguments_of(d, out), w, s.cuda());
   StepSizes z;
-  z.workspace_bytes = cmp_idx.bytes() + cmp_lens.bytes() + swa_idx.bytes() + swa_lens.bytes() + scratch.bytes();
-
-  cuda::PagedIndexArgs ia;
-  ia.batch = R;
-  ia.ratio = cfg_.ratio;
-  ia.window = cfg_.window;
-  ia.topk = cfg_.topk;
-  ia.cmp_width = cw;
-  ia.seq_lens = d.seq_lens;
-  ia.topk_local = d.topk_local;
-  ia.swa_block_table = d.swa_block_table;
-  ia.swa_blocks_per_req = d.swa_blocks_per_req;
-  ia.swa_block_tokens = cfg_.swa_block_tokens;
-  ia.cmp_block_table = d.cmp_block_table;
-  ia.cmp_blocks_per_req = d.cmp_blocks_per_req;
-  ia.cmp_block_entries = cfg_.compressed_block_entries();
-  ia.cmp_idx = cfg_.ratio > 1 ? cmp_idx.as<std::int32_t>() : nullptr;
-  ia.cmp_lens = cfg_.ratio > 1 ? cmp_lens.as<std::int32_t>() : nullptr;
-  ia.swa_idx = swa_idx.as<std::int32_t>();
-  ia.swa_lens = swa_lens.as<std::int32_t>();
-  cuda::combine_paged(ia, s.cuda());
-
-  cuda::PagedAttentionArgs pa;
-  pa.c.batch = R;
-  pa.c.heads = cfg_.heads;
-  pa.c.q = d.q;
-  pa.c.sink = d.sink;
-  pa.c.out = out;
-  pa.c.splits = static_cast<int>(splits);
-  pa.c.scratch = scratch.data();
-  pa.swa = d.swa;
-  pa.swa_idx = swa_idx.as<std::int32_t>();
-  pa.swa_width = cfg_.window;
-  pa.swa_lens = swa_lens.as<std::int32_t>();
-  pa.cmp = d.cmp;
-  pa.cmp_idx = ia.cmp_idx;
-  pa.cmp_width = cw;
-  pa.cmp_lens = ia.cmp_lens;
-  cuda::sparse_attention_paged(pa, s.cuda());
+  z.workspace_bytes = w.bytes();
   return z;  // as GatherDecode::run: the workspaces go back (to the capture when capturing)
 }
 

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kCompressThreads) indexer_compress_kernel(
 // copy pipeline stays full for its whole run. Query fragments are reloaded when the run crosses
 // into the next request.
 constexpr int kScoreWarps = 4;
-constexpr int kStages = 4;                               // cp.async ring depth per warp
+constexpr int kStages = 4;  // cp.async ring depth per warp (8 stages measured no faster)
 constexpr int kHeadTiles = kIndexerHeads / 8;            // n-tiles of 8 heads
 constexpr int kMaxScoreBatch = 1024;                     // requests one launch can index
 
@@ -133,7 +133,8 @@ struct ScoreSmem {
 };
 
 __global__ void __launch_bounds__(kScoreWarps * 32, 2) indexer_score_kernel(IndexerScoreArgs a) {
-  __shared__ ScoreSmem sm;
+  extern __shared__ uint4 score_smem[];  // dynamic: the ring is larger than the 48 KiB static limit
+  ScoreSmem& sm = *reinterpret_cast<ScoreSmem*>(score_smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   auto rows_of = [&](int b) {
@@ -264,16 +265,21 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) indexer_score_kernel(Inde
 }
 
 // --------------------------------------------------------------------------------------- top-k
-// One CTA per request: a radix select finds the K-th largest score (four 8-bit passes over the
-// request's scores, most significant digit first, histograms in shared memory), the rows above it
-// and the first rows (lowest ids) equal to it are compacted, and CUB's BlockRadixSort orders them by
-// (score descending, row ascending) -- the selection rule of indexer.hpp, as a pure function of the
-// scores. Scores stay in L2 between passes (64 KB per request at 64K context).
+// One CTA per request. The request's scores are read once into shared memory as order keys (when the
+// row stride N fits kTopkSmemRows; otherwise every pass reads them from global memory / L2). A radix
+// select finds the K-th largest key (four 8-bit passes, most significant digit first, histograms in
+// shared memory with warp-aggregated atomics: scores share their top bits, so plain atomics would
+// serialise on a few bins). The rows above it and the rows equal to it are collected in one
+// unordered pass; CUB's BlockRadixSort then orders them by (score descending, row ascending), so the
+// first K are the selection rule of indexer.hpp, a pure function of the scores. Only when the rows
+// equal to the K-th key overflow the sort's capacity (massive ties) are the lowest-id ties taken by
+// an ordered block scan instead.
 constexpr int kTopkThreads = 512;
+constexpr int kTopkSmemRows = 32768;  // 128 KiB of staged keys
 
 // Float bits mapped so that unsigned order is float order (the scores carry no NaN; -0 is +0).
 __device__ __forceinline__ std::uint32_t order_key(float f) {
-  const std::uint32_t u = __float_as_uint(f);
+  const std::uint32_t u = __float_as_uint(__fadd_rn(f, 0.0f));
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
@@ -287,17 +293,21 @@ struct TopkSmem {
   } u;
   typename Scan::TempStorage scan;
   int hist[256];
-  std::uint32_t prefix;
-  int remaining;
+  // Pass p reads slot p and writes slot p + 1: no slot is read and written in the same pass.
+  std::uint32_t prefix[5];
+  int remaining[5];
   int count;
+  int eq_count;
   int eq_base;
 };
 
-template <int kItems>
+template <int kItems, bool kStaged>
 __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
   using S = TopkSmem<kItems>;
+  constexpr int kCap = kTopkThreads * kItems;
   __shared__ S sm;
-  const int b = blockIdx.x, tid = threadIdx.x;
+  extern __shared__ std::uint32_t staged[];  // [min(N, kTopkSmemRows)] order keys (kStaged)
+  const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
   const long long n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
   std::int32_t* out = a.topk_local + static_cast<long long>(b) * a.k;
   if (n_c <= a.k) {  // short context: every row in order
@@ -307,16 +317,28 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
   const int n = static_cast<int>(n_c < a.N ? n_c : a.N);  // rows past the stride were never scored
   const int kk = n < a.k ? n : a.k;
   const float* scores = a.logits + static_cast<long long>(b) * a.N;
+  if constexpr (kStaged) {
+#pragma unroll 8
+    for (int i = tid; i < n; i += kTopkThreads) staged[i] = order_key(__ldg(scores + i));
+  }
+  auto key_at = [&](int i) -> std::uint32_t {
+    if constexpr (kStaged) return staged[i];
+    else return order_key(__ldg(scores + i));
+  };
 
-  if (tid == 0) { sm.prefix = 0; sm.remaining = kk; }
+  if (tid == 0) { sm.prefix[0] = 0; sm.remaining[0] = kk; }
   std::uint32_t mask = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
+  for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
     for (int i = tid; i < 256; i += kTopkThreads) sm.hist[i] = 0;
-    __syncthreads();
-    const std::uint32_t prefix = sm.prefix;
-    for (int i = tid; i < n; i += kTopkThreads) {
-      const std::uint32_t u = order_key(scores[i]);
-      if ((u & mask) == prefix) atomicAdd(&sm.hist[(u >> shift) & 255u], 1);
+    __syncthreads();  // also orders the staging stores before the first pass
+    const std::uint32_t prefix = sm.prefix[pass];
+    for (int i0 = 0; i0 < n; i0 += kTopkThreads) {  // warp-uniform trip count: every lane reaches the match
+      const int i = i0 + tid;
+      const std::uint32_t u = i < n ? key_at(i) : 0u;
+      const bool in = i < n && (u & mask) == prefix;
+      const unsigned digit = in ? (u >> shift) & 255u : 256u;
+      const unsigned same = __match_any_sync(0xffffffffu, digit);
+      if (in && lane == __ffs(same) - 1) atomicAdd(&sm.hist[digit], __popc(same));
     }
     __syncthreads();
     if (tid < 32) {  // the digit holding the remaining-th largest key, from the top
@@ -329,7 +351,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
         const int v = __shfl_up_sync(0xffffffffu, incl, o);
         if (tid >= o) incl += v;
       }
-      const int remaining = sm.remaining;
+      const int remaining = sm.remaining[pass];
       const unsigned hit = __ballot_sync(0xffffffffu, incl >= remaining);
       if (tid == __ffs(hit) - 1) {
         int above = incl - sum;  // keys in higher digits
@@ -339,35 +361,55 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
           if (above + c[j] >= remaining) { digit = 255 - 8 * tid - j; break; }
           above += c[j];
         }
-        sm.prefix = prefix | (static_cast<std::uint32_t>(digit) << shift);
-        sm.remaining = remaining - above;
+        sm.prefix[pass + 1] = prefix | (static_cast<std::uint32_t>(digit) << shift);
+        sm.remaining[pass + 1] = remaining - above;
       }
     }
     mask |= 255u << shift;
     __syncthreads();
   }
-  const std::uint32_t kth = sm.prefix;   // the kk-th largest key
-  const int ties = sm.remaining;         // how many rows equal to it are taken (the lowest ids)
-  if (tid == 0) { sm.count = 0; sm.eq_base = 0; }
+  const std::uint32_t kth = sm.prefix[4];   // the kk-th largest key
+  const int ties = sm.remaining[4];         // how many rows equal to it are taken (the lowest ids)
+  const int above = kk - ties;           // rows with a larger key, exactly
+  if (tid == 0) { sm.count = 0; sm.eq_count = 0; sm.eq_base = 0; }
   __syncthreads();
-  for (int c0 = 0; c0 < n; c0 += kTopkThreads) {
-    const int i = c0 + tid;
-    const std::uint32_t u = i < n ? order_key(scores[i]) : 0u;
-    const bool eq = i < n && u == kth;
-    int eq_rank, eq_total;
-    typename S::Scan(sm.scan).ExclusiveSum(eq ? 1 : 0, eq_rank, eq_total);
-    const int base = sm.eq_base;
-    const bool take = i < n && (u > kth || (eq && base + eq_rank < ties));
-    if (take) sm.u.picked[atomicAdd(&sm.count, 1)] = (static_cast<unsigned long long>(~u) << 32) | static_cast<unsigned>(i);
-    __syncthreads();
-    if (tid == 0) sm.eq_base = base + eq_total;
+  auto pack = [](std::uint32_t u, int i) {
+    return (static_cast<unsigned long long>(~u) << 32) | static_cast<unsigned>(i);
+  };
+  // Unordered pass: larger keys to [0, above), equal keys after them while they fit.
+  for (int i = tid; i < n; i += kTopkThreads) {
+    const std::uint32_t u = key_at(i);
+    if (u > kth) {
+      sm.u.picked[atomicAdd(&sm.count, 1)] = pack(u, i);
+    } else if (u == kth) {
+      const int at = above + atomicAdd(&sm.eq_count, 1);
+      if (at < kCap) sm.u.picked[at] = pack(u, i);
+    }
   }
   __syncthreads();
+  int total = above + sm.eq_count;
+  if (total > kCap) {
+    // Too many ties for the sort: take the `ties` lowest-id equal rows in row order (block scan).
+    total = kk;
+    for (int c0 = 0; c0 < n; c0 += kTopkThreads) {
+      const int i = c0 + tid;
+      const bool eq = i < n && key_at(i) == kth;
+      int eq_rank, eq_total;
+      typename S::Scan(sm.scan).ExclusiveSum(eq ? 1 : 0, eq_rank, eq_total);
+      const int base = sm.eq_base;
+      if (eq && base + eq_rank < ties) sm.u.picked[above + base + eq_rank] = pack(kth, i);
+      __syncthreads();
+      if (tid == 0) sm.eq_base = base + eq_total;
+      if (base + eq_total >= ties) break;  // block-uniform: base and eq_total are
+      __syncthreads();
+    }
+    __syncthreads();
+  }
   unsigned long long keys[kItems];
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
     const int at = tid * kItems + j;
-    keys[j] = at < kk ? sm.u.picked[at] : ~0ull;
+    keys[j] = at < total ? sm.u.picked[at] : ~0ull;
   }
   __syncthreads();  // the sort reuses the picked array's storage
   typename S::Sort(sm.u.sort).Sort(keys);
@@ -376,7 +418,29 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
     const int at = tid * kItems + j;  // blocked arrangement: thread t holds ranks t*kItems ..
     if (at < a.k) out[at] = at < kk ? static_cast<std::int32_t>(keys[j] & 0xFFFFFFFFull) : -1;
   }
-  for (int at = kTopkThreads * kItems + tid; at < a.k; at += kTopkThreads) out[at] = -1;
+  for (int at = kCap + tid; at < a.k; at += kTopkThreads) out[at] = -1;
+}
+
+// Raises a kernel's dynamic shared memory limit once per device (kernel attributes are per device).
+template <class Kernel>
+void allow_dynamic_smem(Kernel k, int bytes, bool (&done)[64], const char* what) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  if (done[dev & 63]) return;
+  check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+  done[dev & 63] = true;
+}
+
+template <int kItems>
+void launch_topk(const IndexerTopkArgs& a, cudaStream_t stream) {
+  if (a.N <= kTopkSmemRows) {
+    static bool done[64] = {};
+    allow_dynamic_smem(topk_kernel<kItems, true>, kTopkSmemRows * 4, done, "cudaFuncSetAttribute(indexer top-k)");
+    const int bytes = static_cast<int>(a.N) * 4;
+    topk_kernel<kItems, true><<<a.batch, kTopkThreads, bytes, stream>>>(a);
+  } else {
+    topk_kernel<kItems, false><<<a.batch, kTopkThreads, 0, stream>>>(a);
+  }
 }
 
 void check_indexer_cache(const char* fn, const IndexerCache& c) {
@@ -440,7 +504,10 @@ void indexer_score(const IndexerScoreArgs& a, cudaStream_t stream) {
   if (a.N == 0) return;
   // Two CTAs per multiprocessor (what the registers allow): every warp's run is long enough to keep
   // its copy pipeline full.
-  indexer_score_kernel<<<2 * device_sm_count(), kScoreWarps * 32, 0, stream>>>(a);
+  static bool done[64] = {};
+  allow_dynamic_smem(indexer_score_kernel, static_cast<int>(sizeof(ScoreSmem)), done,
+                     "cudaFuncSetAttribute(indexer scores)");
+  indexer_score_kernel<<<2 * device_sm_count(), kScoreWarps * 32, sizeof(ScoreSmem), stream>>>(a);
   check_launch(fn);
 }
 
@@ -470,11 +537,11 @@ void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream) {
   require_ptr(fn, "topk_local", a.topk_local);
   if (a.N > 0) require_ptr(fn, "logits", a.logits);
   if (a.k <= kTopkThreads)
-    topk_kernel<1><<<a.batch, kTopkThreads, 0, stream>>>(a);
+    launch_topk<1>(a, stream);
   else if (a.k <= 2 * kTopkThreads)
-    topk_kernel<2><<<a.batch, kTopkThreads, 0, stream>>>(a);
+    launch_topk<2>(a, stream);
   else
-    topk_kernel<4><<<a.batch, kTopkThreads, 0, stream>>>(a);
+    launch_topk<4>(a, stream);
   check_launch(fn);
 }
 

@@ -60,7 +60,8 @@ attention::Params common_params(const AttentionCommon& c) {
   kp.sink = c.sink;
   kp.out = c.out;
   kp.part_o = static_cast<float*>(c.scratch);
-  kp.part_ml = c.scratch != nullptr
+  kp.part_ml = c.scratch_ml != nullptr ? static_cast<float*>(c.scratch_ml)
+               : c.scratch != nullptr
                    ? static_cast<float*>(c.scratch) + static_cast<std::size_t>(c.batch) * c.splits * c.heads * kHeadDim
                    : nullptr;
   return kp;

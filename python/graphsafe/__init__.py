@@ -52,6 +52,7 @@ from ._graphsafe import (  # noqa: F401
     SizingPolicy,
     StaticQueryBound,
     Symbol,
+    TorchCudaBackend,
     UnboundSymbolError,
     Workspace,
     capacity_bound,
@@ -66,6 +67,7 @@ from ._graphsafe import (  # noqa: F401
     round_up,
     static_query_bound,
     sum_over,
+    torch_allocator_stats,
 )
 from ._graphsafe import max, min  # noqa: F401,A004  (extent max/min; not in __all__)
 
@@ -154,5 +156,7 @@ def capture_checks(always=False):
     from ._capture_checks import CaptureChecks
 
     return CaptureChecks(always)
+
+from ._torch_allocator import torch_mem_pool  # noqa: E402,F401
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("max", "min")]

@@ -19,6 +19,9 @@ void bind_model(nb::module_& m);
 void bind_arena(nb::module_& m);
 void bind_debug(nb::module_& m);
 void bind_torch_backend(nb::module_& m);
+void bind_torch_allocator(nb::module_& m);
+// Whether the exported torch allocator serves an arena on this backend (graphsafe.torch_mem_pool).
+bool torch_allocator_serves(const Backend& backend);
 
 // The innermost Python frame of the current call (file, line, function), so plans, guard
 // violations and debug findings name the engine's Python line rather than the binding's C++ line.

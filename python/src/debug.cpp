@@ -1,6 +1,7 @@
 // graphsafe.debug: the process-wide debug report as Python data, and its tools.
 #include "common.hpp"
 
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 

@@ -106,6 +106,7 @@ NB_MODULE(_graphsafe, m) {
   bind_debug(d);
   bind_arena(m);
   bind_torch_backend(m);
+  bind_torch_allocator(m);
 }
 
 namespace graphsafe::python {

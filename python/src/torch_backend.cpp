@@ -77,8 +77,20 @@ class TorchCudaBackend final : public Backend {
       if (auto it = pre_capture_.find(s.handle()); it != pre_capture_.end()) cudaEventDestroy(it->second);
       pre_capture_[s.handle()] = ev;
     }
+    nb::object pool = pool_;
     try {
-      on_stream(s, [&] { g.attr("capture_begin")("pool"_a = pool_, "capture_error_mode"_a = mode_name(mode)); });
+      if (graphsafe_pool()) {
+        // A pool of its own for each capture, over the arena: its segments are the capture's opaque
+        // requests, the graph's while it lives (the CUDAGraph object keeps the pool).
+        if (!torch_allocator_serves(*this))
+          throw capture_state_error("graphsafe: TorchCudaBackend(pool='graphsafe') captures into the arena's torch "
+                                    "allocator, but no arena on this backend serves it; call "
+                                    "graphsafe.torch_mem_pool(arena) once before capturing");
+        nb::object mp = nb::module_::import_("graphsafe._torch_allocator").attr("_capture_pool")(inner_.device());
+        g.attr("_graphsafe_pool") = mp;
+        pool = mp.attr("id");
+      }
+      on_stream(s, [&] { g.attr("capture_begin")("pool"_a = pool, "capture_error_mode"_a = mode_name(mode)); });
     } catch (...) {
       drop_event(s);
       throw;
@@ -130,6 +142,7 @@ class TorchCudaBackend final : public Backend {
   }
 
   int device() const { return inner_.device(); }
+  bool graphsafe_pool() const { return nb::isinstance<nb::str>(pool_) && nb::cast<std::string>(pool_) == "graphsafe"; }
 
  private:
   static const char* mode_name(CaptureMode m) {
@@ -195,7 +208,8 @@ void bind_torch_backend(nb::module_& m) {
       m, "TorchCudaBackend",
       "The CUDA backend capturing through torch.cuda.CUDAGraph: torch may allocate inside an arena capture "
       "(from the graph's private pool, or `pool`, a torch.cuda.graph_pool_handle() shared by graphs replayed "
-      "one at a time); graphsafe's workspaces and guards work as on CudaBackend. Imports torch.")
+      "one at a time, or 'graphsafe': a pool per capture over the arena's torch allocator, see torch_mem_pool); "
+      "graphsafe's workspaces and guards work as on CudaBackend. Imports torch.")
       .def("__init__",
            [](TorchCudaBackend* self, int device, nb::object pool, std::optional<std::uint64_t> release_threshold) {
              CudaBackendOptions o;

@@ -7,10 +7,11 @@
 //   * workspace addresses are stable across replays (the kernel writes its ws pointer out)
 //   * a family of 8 bucket graphs reserves the largest plan, not the sum, and replays correctly
 //   * eager requests on another stream during a capture, outside the capture's region
-//   * a capture whose function throws releases everything; the stream is usable again
 //   * cuda::mr ArenaResource / thrust_allocator temporaries (CUB, Thrust sort) inside a capture
 //   * a stream forked into the capture: its requests land in the same plan
 //   * device memory flat after many capture/replay/destroy cycles
+// The arena's backend-independent contract (reuse, plans, guards, failed captures, trim, ...) runs
+// on the GPU as test_arena_behaviours_gpu (arena_behaviours.hpp).
 #include <graphsafe/cuda_mr.hpp>  // first: defines the CCCL experimental memory-resource macro
 
 #include <catch2/catch.hpp>
@@ -30,10 +31,10 @@
 #include <memory>
 #include <span>
 #include <random>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "../support/arena_checks.hpp"
 #include "../support/gpu_test_support.hpp"
 #include "../support/seed_kernels.cuh"
 
@@ -102,16 +103,25 @@ int cycles_from_env(int dflt) {
   return dflt;
 }
 
+
+// What every test here starts from: two non-blocking streams, a CUDA backend, an arena that keeps its
+// findings to itself, the seed's model and its replay-safe policies. Members die in reverse order:
+// the arena before the backend, both before the streams.
+struct GpuArena {
+  StreamHolder first, second;
+  const cudaStream_t s = first.s;
+  const cudaStream_t s2 = second.s;
+  CudaBackend backend;
+  Arena arena{backend, ArenaOptions{.report_findings = false}};
+  Model m;
+  const StaticQueryBound swa_bound{Extent(m.W)};  // one query token per request: G <= W
+  const Policies safe{capacity_bound, swa_bound};
+};
+
 }  // namespace
 
-TEST_CASE("gpu: replay after the sequences grow equals an eager run, bitwise", "[gpu][seed]") {
-  StreamHolder s_holder;
-  const cudaStream_t s = s_holder.s;
-  CudaBackend backend;
-  Arena arena(backend, ArenaOptions{.report_findings = false});
+TEST_CASE_METHOD(GpuArena, "gpu: replay after the sequences grow equals an eager run, bitwise", "[gpu][seed]") {
   arena.reserve(16 << 20, s);
-  Model m;
-  const StaticQueryBound swa_bound(Extent(m.W));  // one query token per request: G <= W
   const Policies policies[] = {{capacity_bound, swa_bound}, {capacity_bound, capacity_bound}};
   const std::vector<std::vector<int>> steps2 = {{3, 5}, {15, 17}, {255, 257}, {511, 512}, {1, 0}};
   std::vector<std::vector<int>> steps16;
@@ -148,14 +158,9 @@ TEST_CASE("gpu: replay after the sequences grow equals an eager run, bitwise", "
   CHECK(arena.stats().eager_blocks == 0);
 }
 
-TEST_CASE("gpu: exact-at-capture is refused before launch, and bypassing the guard overwrites the canary",
+TEST_CASE_METHOD(GpuArena, "gpu: exact-at-capture is refused before launch, and bypassing the guard overwrites the canary",
           "[gpu][seed][guard]") {
-  StreamHolder s_holder;
-  const cudaStream_t s = s_holder.s;
-  CudaBackend backend;
-  Arena arena(backend, ArenaOptions{.report_findings = false});
   arena.reserve(16 << 20, s);
-  Model m;
   const std::vector<int> lens0 = {3, 5};
   DevBuf<int> d_lens(2);
   DevBuf<std::int64_t> d_out(2 * kOutW);
@@ -235,14 +240,8 @@ TEST_CASE("gpu: exact-at-capture is refused before launch, and bypassing the gua
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
 }
 
-TEST_CASE("gpu: workspace addresses are stable across replays", "[gpu][stability]") {
-  StreamHolder s_holder;
-  const cudaStream_t s = s_holder.s;
-  CudaBackend backend;
-  Arena arena(backend, ArenaOptions{.report_findings = false});
+TEST_CASE_METHOD(GpuArena, "gpu: workspace addresses are stable across replays", "[gpu][stability]") {
   arena.reserve(8 << 20, s);
-  Model m;
-  const StaticQueryBound swa_bound(Extent(m.W));
   DevBuf<int> d_lens(4);
   DevBuf<std::int64_t> d_out(4 * kOutW);
   DevBuf<unsigned long long> d_ptrs(2);
@@ -252,7 +251,7 @@ TEST_CASE("gpu: workspace addresses are stable across replays", "[gpu][stability
   void* kv_at_capture = nullptr;
   void* scratch_at_capture = nullptr;
   auto graph = capture(arena, s, b, [&](const Bindings& bb) {
-    kv_at_capture = arena_step(arena, s, m, bb, Policies{capacity_bound, swa_bound}, d_lens.p, d_out.p);
+    kv_at_capture = arena_step(arena, s, m, bb, safe, d_lens.p, d_out.p);
     auto scratch = arena.request(s, "scratch", Extent(m.R) * 1000, 4, capacity_bound, bb);
     scratch_at_capture = scratch.data();
     write_ptrs_kernel<<<1, 1, 0, s>>>(kv_at_capture, scratch_at_capture, d_ptrs.p);
@@ -288,14 +287,8 @@ TEST_CASE("gpu: workspace addresses are stable across replays", "[gpu][stability
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
 }
 
-TEST_CASE("gpu: a family of 8 bucket graphs reserves the largest plan, not the sum", "[gpu][family]") {
-  StreamHolder s_holder;
-  const cudaStream_t s = s_holder.s;
-  CudaBackend backend;
-  Arena arena(backend, ArenaOptions{.report_findings = false});
+TEST_CASE_METHOD(GpuArena, "gpu: a family of 8 bucket graphs reserves the largest plan, not the sum", "[gpu][family]") {
   arena.reserve(32 << 20, s);
-  Model m;
-  const StaticQueryBound swa_bound(Extent(m.W));
   CaptureFamily fam = arena.family("decode");
   CaptureOptions opts;
   opts.family = fam;
@@ -321,7 +314,7 @@ TEST_CASE("gpu: a family of 8 bucket graphs reserves the largest plan, not the s
     graphs.push_back(capture(
         arena, s, b,
         [&](const Bindings& bb) {
-          kv = arena_step(arena, s, m, bb, Policies{capacity_bound, swa_bound}, lens_buf.back()->p, out_buf.back()->p);
+          kv = arena_step(arena, s, m, bb, safe, lens_buf.back()->p, out_buf.back()->p);
         },
         opts));
     kv_ptrs.push_back(kv);
@@ -366,22 +359,16 @@ TEST_CASE("gpu: a family of 8 bucket graphs reserves the largest plan, not the s
   CHECK(arena.stats().live_graphs == 0);
 }
 
-TEST_CASE("gpu: eager requests on another stream while a capture is in progress", "[gpu][concurrency]") {
-  StreamHolder h1, h2;
-  const cudaStream_t s1 = h1.s, s2 = h2.s;
-  CudaBackend backend;
-  Arena arena(backend, ArenaOptions{.report_findings = false});
-  Model m;
-  const StaticQueryBound swa_bound(Extent(m.W));
+TEST_CASE_METHOD(GpuArena, "gpu: eager requests on another stream while a capture is in progress", "[gpu][concurrency]") {
   // Two free slabs before capturing: the capture takes the largest (64 MiB), the eager stream gets
   // the other. The second slab is reserved on s2, so eager work there needs no cross-stream order
   // (ordering after a block last used on the capturing stream would join s2 into the capture).
-  arena.reserve(64 << 20, s1);
+  arena.reserve(64 << 20, s);
   {
-    auto hold = arena.request(s1, "hold", std::int64_t(64) << 20, 1, capacity_bound, Bindings{});
+    auto hold = arena.request(s, "hold", std::int64_t(64) << 20, 1, capacity_bound, Bindings{});
     arena.reserve(32 << 20, s2);
   }
-  GRAPHSAFE_CUDA(cudaStreamSynchronize(s1));
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s2));
   REQUIRE(arena.stats().slabs == 2);
   const std::uint64_t slab_bytes = arena.stats().slab_bytes;
@@ -390,7 +377,7 @@ TEST_CASE("gpu: eager requests on another stream while a capture is in progress"
   const std::vector<int> eager_lens = {100, 200, 300, 400, 500};
   DevBuf<int> d_lens(3), e_lens(5);
   DevBuf<std::int64_t> d_out(3 * kOutW), e_out(5 * kOutW);
-  d_lens.upload(cap_lens, s1);
+  d_lens.upload(cap_lens, s);
   e_lens.upload(eager_lens, s2);
   e_out.fill_bytes(0, s2);
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s2));
@@ -398,8 +385,8 @@ TEST_CASE("gpu: eager requests on another stream while a capture is in progress"
   Workspace eager_ws;
   void* kv = nullptr;
   Bindings b = m.bind(cap_lens);
-  auto graph = capture(arena, s1, b, [&](const Bindings& bb) {
-    kv = arena_step(arena, s1, m, bb, Policies{capacity_bound, swa_bound}, d_lens.p, d_out.p);
+  auto graph = capture(arena, s, b, [&](const Bindings& bb) {
+    kv = arena_step(arena, s, m, bb, safe, d_lens.p, d_out.p);
     // Meanwhile, on s2 (not capturing): an eager step, sized exactly, run now.
     const Bindings eb = m.bind(eager_lens);
     const std::int64_t N = arena.dimension(s2, "eager.cmp", m.n_c, exact_at_capture, eb);
@@ -420,91 +407,10 @@ TEST_CASE("gpu: eager requests on another stream while a capture is in progress"
   CHECK(e_out.download(s2) == expected_flat(eager_lens));
   eager_ws.reset();
 
-  d_out.fill_bytes(0, s1);
-  graph.replay(b, s1);
-  CHECK(d_out.download(s1) == expected_flat(cap_lens));
-  const std::vector<int> grown = {70, 90, 511};
-  d_lens.upload(grown, s1);
-  d_out.fill_bytes(0, s1);
-  graph.replay(m.bind(grown), s1);
-  CHECK(d_out.download(s1) == expected_flat(grown));
-  GRAPHSAFE_CUDA(cudaStreamSynchronize(s1));
-}
-
-TEST_CASE("gpu: a capture that throws releases everything and the stream is usable again", "[gpu][abort]") {
-  StreamHolder s_holder;
-  const cudaStream_t s = s_holder.s;
-  CudaBackend backend;
-  Arena arena(backend, ArenaOptions{.report_findings = false});
-  arena.reserve(8 << 20, s);
-  GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
-  Model m;
-  const StaticQueryBound swa_bound(Extent(m.W));
-  const std::vector<int> lens = {5, 6};
-  DevBuf<int> d_lens(2);
-  DevBuf<std::int64_t> d_out(2 * kOutW);
-  d_lens.upload(lens, s);
-  const Bindings b = m.bind(lens);
-  const ArenaStats before = arena.stats();
-  auto same_as_before = [&] {
-    const ArenaStats st = arena.stats();
-    CHECK(st.slab_bytes == before.slab_bytes);
-    CHECK(st.slabs == before.slabs);
-    CHECK(st.free_bytes == before.free_bytes);
-    CHECK(st.largest_free == before.largest_free);
-    CHECK(st.eager_bytes == 0);
-    CHECK(st.eager_blocks == 0);
-    CHECK(st.region_bytes == 0);
-    CHECK(st.families == 0);
-    CHECK(st.live_graphs == 0);
-    CHECK(st.active_captures == 0);
-  };
-  auto not_capturing = [&] {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
-    GRAPHSAFE_CUDA(cudaStreamIsCapturing(s, &status));
-    CHECK(status == cudaStreamCaptureStatusNone);
-    CHECK(cudaGetLastError() == cudaSuccess);
-  };
-
-  SECTION("capture()") {
-    CHECK_THROWS_WITH(capture(arena, s, b,
-                              [&](const Bindings& bb) {
-                                arena_step(arena, s, m, bb, Policies{capacity_bound, swa_bound}, d_lens.p, d_out.p);
-                                throw std::runtime_error("boom inside the capture");
-                              }),
-                      Catch::Contains("boom inside the capture"));
-  }
-  SECTION("CaptureSession abandoned without finish()") {
-    CaptureSession session(arena, s, b);
-    arena_step(arena, s, m, b, Policies{capacity_bound, swa_bound}, d_lens.p, d_out.p);
-    CHECK(arena.stats().active_captures == 1);
-  }
-  SECTION("a policy refusal inside the capture") {
-    CHECK_THROWS_AS(capture(arena, s, b,
-                            [&](const Bindings& bb) {
-                              arena_step(arena, s, m, bb, Policies{capacity_bound, swa_bound}, d_lens.p, d_out.p);
-                              // A dynamic symbol with no capacity: capacity_bound refuses.
-                              const Symbol unbounded = Symbol::dynamic("unbounded_rows");
-                              Bindings more = bb;
-                              more.set(unbounded, 3);
-                              arena.request(s, "bad", Extent(unbounded), 4, capacity_bound, more);
-                            }),
-                    policy_refusal);
-  }
-  not_capturing();
-  same_as_before();
-
-  // The stream works eagerly ...
   d_out.fill_bytes(0, s);
-  {
-    arena_step(arena, s, m, b, Policies{exact_at_capture, exact_at_capture}, d_lens.p, d_out.p);
-  }
-  CHECK(d_out.download(s) == expected_flat(lens));
-  // ... and captures again.
-  auto graph = capture(arena, s, b, [&](const Bindings& bb) {
-    arena_step(arena, s, m, bb, Policies{capacity_bound, swa_bound}, d_lens.p, d_out.p);
-  });
-  const std::vector<int> grown = {300, 400};
+  graph.replay(b, s);
+  CHECK(d_out.download(s) == expected_flat(cap_lens));
+  const std::vector<int> grown = {70, 90, 511};
   d_lens.upload(grown, s);
   d_out.fill_bytes(0, s);
   graph.replay(m.bind(grown), s);
@@ -526,11 +432,7 @@ std::size_t cub_sort_keys(R& res, cudaStream_t s, const std::uint32_t* in, std::
 }
 }  // namespace
 
-TEST_CASE("gpu: cuda::mr and Thrust temporaries inside a capture replay correctly", "[gpu][cuda_mr]") {
-  StreamHolder s_holder;
-  const cudaStream_t s = s_holder.s;
-  CudaBackend backend;
-  Arena arena(backend, ArenaOptions{.report_findings = false});
+TEST_CASE_METHOD(GpuArena, "gpu: cuda::mr and Thrust temporaries inside a capture replay correctly", "[gpu][cuda_mr]") {
   arena.reserve(64 << 20, s);
   constexpr int n = 1 << 20;
   DevBuf<std::uint32_t> src(n), keys(n), cub_out(n);
@@ -596,30 +498,24 @@ TEST_CASE("gpu: cuda::mr and Thrust temporaries inside a capture replay correctl
   CHECK(arena.stats().free_bytes == arena.stats().slab_bytes);
 }
 
-TEST_CASE("gpu: a stream forked into the capture records into the same plan", "[gpu][fork]") {
-  StreamHolder h1, h2;
-  const cudaStream_t s1 = h1.s, s2 = h2.s;
+TEST_CASE_METHOD(GpuArena, "gpu: a stream forked into the capture records into the same plan", "[gpu][fork]") {
   EventHolder fork, join;
-  CudaBackend backend;
-  Arena arena(backend, ArenaOptions{.report_findings = false});
-  arena.reserve(16 << 20, s1);
-  GRAPHSAFE_CUDA(cudaStreamSynchronize(s1));
-  Model m;
-  const StaticQueryBound swa_bound(Extent(m.W));
+  arena.reserve(16 << 20, s);
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
   std::vector<int> lens = {4, 8, 12};
   DevBuf<int> d_lens(3);
   DevBuf<std::int64_t> out1(3 * kOutW), out2(3 * kOutW);
-  d_lens.upload(lens, s1);
+  d_lens.upload(lens, s);
   Bindings b = m.bind(lens);
   void* kv1 = nullptr;
   void* kv2 = nullptr;
-  auto graph = capture(arena, s1, b, [&](const Bindings& bb) {
-    GRAPHSAFE_CUDA(cudaEventRecord(fork.e, s1));
+  auto graph = capture(arena, s, b, [&](const Bindings& bb) {
+    GRAPHSAFE_CUDA(cudaEventRecord(fork.e, s));
     GRAPHSAFE_CUDA(cudaStreamWaitEvent(s2, fork.e, 0));  // s2 joins the capture
-    kv2 = arena_step(arena, s2, m, bb, Policies{capacity_bound, swa_bound}, d_lens.p, out2.p, "forked.kv");
-    kv1 = arena_step(arena, s1, m, bb, Policies{capacity_bound, swa_bound}, d_lens.p, out1.p, "main.kv");
+    kv2 = arena_step(arena, s2, m, bb, safe, d_lens.p, out2.p, "forked.kv");
+    kv1 = arena_step(arena, s, m, bb, safe, d_lens.p, out1.p, "main.kv");
     GRAPHSAFE_CUDA(cudaEventRecord(join.e, s2));
-    GRAPHSAFE_CUDA(cudaStreamWaitEvent(s1, join.e, 0));  // and joins back
+    GRAPHSAFE_CUDA(cudaStreamWaitEvent(s, join.e, 0));  // and joins back
   });
   bool has_fork = false, has_main = false;
   for (const auto& e : graph.plan().entries()) {
@@ -635,26 +531,20 @@ TEST_CASE("gpu: a stream forked into the capture records into the same plan", "[
   CHECK(arena.stats().eager_blocks == 0);
   for (int step = 0; step < 4; ++step) {
     for (auto& l : lens) l = std::min(kMaxLen, l * 3 + step);
-    d_lens.upload(lens, s1);
-    out1.fill_bytes(0, s1);
-    out2.fill_bytes(0, s1);
-    graph.replay(m.bind(lens), s1);
+    d_lens.upload(lens, s);
+    out1.fill_bytes(0, s);
+    out2.fill_bytes(0, s);
+    graph.replay(m.bind(lens), s);
     INFO("step " << step);
-    CHECK(out1.download(s1) == expected_flat(lens));
-    CHECK(out2.download(s1) == expected_flat(lens));
+    CHECK(out1.download(s) == expected_flat(lens));
+    CHECK(out2.download(s) == expected_flat(lens));
   }
-  GRAPHSAFE_CUDA(cudaStreamSynchronize(s1));
+  GRAPHSAFE_CUDA(cudaStreamSynchronize(s));
   GRAPHSAFE_CUDA(cudaStreamSynchronize(s2));
 }
 
-TEST_CASE("gpu: device memory stays flat over many capture/replay/destroy cycles", "[gpu][leak]") {
-  StreamHolder s_holder;
-  const cudaStream_t s = s_holder.s;
-  CudaBackend backend;
-  Arena arena(backend, ArenaOptions{.report_findings = false});
+TEST_CASE_METHOD(GpuArena, "gpu: device memory stays flat over many capture/replay/destroy cycles", "[gpu][leak]") {
   arena.reserve(32 << 20, s);
-  Model m;
-  const StaticQueryBound swa_bound(Extent(m.W));
   DevBuf<int> d_lens(8);
   DevBuf<std::int64_t> d_out(8 * kOutW);
   std::vector<int> lens(8);
@@ -663,7 +553,7 @@ TEST_CASE("gpu: device memory stays flat over many capture/replay/destroy cycles
     d_lens.upload(lens, s);
     const Bindings b = m.bind(lens);
     auto graph = capture(arena, s, b, [&](const Bindings& bb) {
-      arena_step(arena, s, m, bb, Policies{capacity_bound, swa_bound}, d_lens.p, d_out.p);
+      arena_step(arena, s, m, bb, safe, d_lens.p, d_out.p);
       // A 1 MiB scratch per graph so that a leaked region would show quickly.
       auto scratch = arena.request(s, "scratch", std::int64_t(1) << 20, 1, capacity_bound, bb);
       fill_kernel<<<64, kThreads, 0, s>>>(scratch.as<std::int64_t>(), scratch.count() / 8, i);
@@ -687,14 +577,7 @@ TEST_CASE("gpu: device memory stays flat over many capture/replay/destroy cycles
   GRAPHSAFE_CUDA(cudaDeviceSynchronize());
   std::size_t free1 = 0;
   GRAPHSAFE_CUDA(cudaMemGetInfo(&free1, &total));
-  const ArenaStats st1 = arena.stats();
   INFO("cycles " << cycles << ", free before " << free0 << ", after " << free1);
   CHECK(free1 + (16ull << 20) >= free0);  // flat within 16 MiB (a leaked 1 MiB region per cycle would not be)
-  CHECK(st1.slab_bytes == st0.slab_bytes);
-  CHECK(st1.slabs == st0.slabs);
-  CHECK(st1.region_bytes == 0);
-  CHECK(st1.live_graphs == 0);
-  CHECK(st1.families == 0);
-  CHECK(st1.eager_blocks == 0);
-  CHECK(st1.free_bytes == st1.slab_bytes);
+  check_back_to_slabs(st0, arena.stats());
 }

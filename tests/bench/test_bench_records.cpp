@@ -89,3 +89,19 @@ TEST_CASE("an unwritable results path is reported before the run and a writable 
   CHECK_THROWS_WITH(bench::write_records("/nonexistent-dir/out.json", {}, "m", "c"),
                     Catch::Contains("/nonexistent-dir/out.json"));
 }
+
+TEST_CASE("a number read back from another tool's JSON, and what is refused naming the file", "[bench]") {
+  const std::string path = temp_path("graphsafe_test_bench_read.json");
+  std::ofstream(path) << R"({"device": "H200", "reserved_bytes": 1.5e9, "note": "x"})";
+  CHECK(bench::read_json_number(path, "reserved_bytes") == 1.5e9);
+  CHECK_THROWS_WITH(bench::read_json_number(path, "peak_bytes"),
+                    Catch::Contains(path) && Catch::Contains("no number at \"peak_bytes\""));
+  CHECK_THROWS_WITH(bench::read_json_number(path, "device"), Catch::Contains("no number at \"device\""));
+  std::ofstream(path) << R"({"reserved_bytes": 12)";  // cut short
+  CHECK_THROWS_WITH(bench::read_json_number(path, "reserved_bytes"), Catch::Contains(path + " is not JSON"));
+  std::ofstream(path) << "[1, 2]";
+  CHECK_THROWS_WITH(bench::read_json_number(path, "reserved_bytes"), Catch::Contains("no number"));
+  std::filesystem::remove(path);
+  CHECK_THROWS_WITH(bench::read_json_number(path, "reserved_bytes"),
+                    Catch::Contains("cannot read " + path) && Catch::Contains("No such file"));
+}

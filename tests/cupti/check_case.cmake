@@ -19,20 +19,9 @@ if(MODE STREQUAL "inject")
 else()
   list(APPEND args --in-process)
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} -E env ${env} ${EXE} ${args}
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-message("${out}${err}")
 # Without libcuda the case cannot start: a skip only where the kernel knows no NVIDIA GPU either.
-set(no_libcuda FALSE)
-if("${err}" MATCHES "libcuda\\.so\\.1: cannot open shared object" AND NOT EXISTS /dev/nvidia0
-   AND NOT EXISTS /proc/driver/nvidia/gpus)
-  set(no_libcuda TRUE)
-endif()
-if(rc EQUAL 77 OR no_libcuda)
-  message("SKIPPED: no GPU")
-  # CTest SKIP_REGULAR_EXPRESSION catches this line.
-  return()
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/../../cmake/run_gpu_program.cmake)
+graphsafe_run_gpu_program(ENV ${env} COMMAND ${EXE} ${args})
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "case ${CASE} exited with ${rc}")
 endif()

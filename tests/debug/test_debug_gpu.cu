@@ -327,12 +327,19 @@ TEST_CASE_METHOD(EagerCaptureFixture,
     // The fix: the workspace requested inside the capture belongs to the graph.
     auto graph = capture(arena, sh.s, Bindings{}, [&](const Bindings& b) {
       auto meta = arena.request(sh.s, "decode.metadata", Extent(1024), sizeof(std::int64_t), capacity_bound, b);
+      // A memset node first: initcheck does not count the graph's kernel node as initializing what
+      // its memcpy node then reads, and the region's bytes are otherwise uninitialized.
+      GRAPHSAFE_CUDA(cudaMemsetAsync(meta.data(), 0, meta.bytes(), sh.s));
       fill_kernel<<<4, kThreads, 0, sh.s>>>(meta.as<std::int64_t>(), meta.count(), 7);
       GRAPHSAFE_CUDA(cudaGetLastError());
       GRAPHSAFE_CUDA(cudaMemcpyAsync(copied.p, meta.data(), meta.bytes(), cudaMemcpyDeviceToDevice, sh.s));
     });
     graph.replay(Bindings{}, sh.s);
+    // Reference: the replay filled the graph's own workspace and copied it out.
+    std::vector<std::int64_t> host(copied.n);
+    GRAPHSAFE_CUDA(cudaMemcpyAsync(host.data(), copied.p, copied.bytes(), cudaMemcpyDeviceToHost, sh.s));
     GRAPHSAFE_CUDA(cudaStreamSynchronize(sh.s));
+    CHECK(std::all_of(host.begin(), host.end(), [](std::int64_t v) { return v == 7; }));
   }
   auto meta = arena.request(sh.s, "decode.metadata", Extent(1024), sizeof(std::int64_t), capacity_bound, Bindings{});
   {

@@ -14,8 +14,10 @@
 
 #include "../support/ds4_test_support.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -150,6 +152,117 @@ TEST_CASE("indexer scores equal the reference and top-k selects as the reference
     CHECK(std::vector<std::int32_t>(gt.begin() + b * K, gt.begin() + (b + 1) * K) == sel);
   }
   CHECK(ties > 0);  // the tie-break was exercised
+}
+
+// The scores at an engine-sized row count: enough 16-row tiles that every warp's copy ring wraps
+// around several times, requests of length zero, short, mid and at capacity (n_c = N), keys in
+// shuffled paged blocks. Against the reference scores; rows past n_c are never written.
+TEST_CASE("indexer scores at engine row counts equal the reference", "[ds4][indexer][scores]") {
+  Device dev;
+  const int B = 24, block_rows = 64;
+  const std::int64_t N = 8192;
+  const int bpr = static_cast<int>(N / block_rows);
+  std::vector<std::int32_t> lens(B);
+  for (int b = 0; b < B; ++b) lens[b] = b == 0 ? 0 : b == 1 ? 7 : b == 2 ? 4 * 100 + 3 : b < 12 ? 4 * static_cast<int>(N) : 4 * (8000 - b);
+  std::mt19937 rng(99);
+  IndexerCache c;
+  c.num_blocks = B * bpr;
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(c.num_blocks) * c.stride);
+  for (auto& v : bytes) { v = static_cast<std::uint8_t>(rng()); if ((v & 0x7F) == 0x7F) v ^= 1; }
+  std::uniform_real_distribution<float> u(0.001f, 0.02f), w(-0.5f, 0.5f);
+  for (int blk = 0; blk < c.num_blocks; ++blk)
+    for (int t = 0; t < block_rows; ++t) {
+      const float sc = u(rng);
+      std::memcpy(bytes.data() + static_cast<std::size_t>(blk) * c.stride + block_rows * 128 + t * 4, &sc, 4);
+    }
+  std::vector<std::int32_t> table(static_cast<std::size_t>(c.num_blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<std::uint8_t> q(static_cast<std::size_t>(B) * kIndexerHeads * kIndexerDim);
+  for (auto& v : q) { v = static_cast<std::uint8_t>(rng()); if ((v & 0x7F) == 0x7F) v ^= 1; }
+  std::vector<float> weights(static_cast<std::size_t>(B) * kIndexerHeads);
+  for (auto& v : weights) v = w(rng);
+  const auto dbytes = to_device(bytes), dtable = to_device(table), dq = to_device(q), dw = to_device(weights),
+             dlen = to_device(lens);
+  auto logits = cuda::device_alloc(static_cast<std::size_t>(B) * N * 4);
+  GRAPHSAFE_CUDA(cudaMemset(logits.get(), 0xFF, static_cast<std::size_t>(B) * N * 4));
+  cuda::IndexerScoreArgs sa;
+  sa.batch = B; sa.N = N; sa.seq_lens = reinterpret_cast<const std::int32_t*>(dlen.get());
+  sa.q = dq.get(); sa.weights = reinterpret_cast<const float*>(dw.get());
+  sa.cache = c; sa.cache.base = dbytes.get();
+  sa.block_table = reinterpret_cast<const std::int32_t*>(dtable.get()); sa.blocks_per_req = bpr;
+  sa.logits = reinterpret_cast<float*>(logits.get());
+  cuda::indexer_score(sa, dev.s);
+  const auto gl = to_host<float>(logits.get(), static_cast<std::size_t>(B) * N, dev.s);
+  IndexerCache hc = c;
+  hc.base = bytes.data();
+  std::vector<float> qf(kIndexerHeads * kIndexerDim);
+  for (int b = 0; b < B; ++b) {
+    INFO("request " << b << " seq_len " << lens[b]);
+    const int n_c = lens[b] / 4;
+    for (std::size_t i = 0; i < qf.size(); ++i) qf[i] = ref::fp8_e4m3_to_float(q[b * qf.size() + i]);
+    const auto want = ref::indexer_scores(hc, table.data() + static_cast<std::size_t>(b) * bpr, n_c, qf.data(),
+                                          weights.data() + static_cast<std::size_t>(b) * kIndexerHeads);
+    double scale = 0;
+    for (float v : want) scale = std::max(scale, double(std::fabs(v)));
+    int bad = 0;
+    for (int s = 0; s < n_c; ++s) bad += !(std::fabs(gl[b * N + s] - want[s]) <= 1e-5 * scale + 1e-6);
+    int written_past = 0;
+    for (std::int64_t s = n_c; s < N; ++s) written_past += !std::isnan(gl[b * N + s]);
+    CHECK(bad == 0);
+    CHECK(written_past == 0);
+  }
+}
+
+// The top-k at engine shapes (K up to 2048, row strides on both sides of the shared-memory staging
+// limit) against the selection rule on the same scores: zero length, n_c < K, n_c = K (the short
+// path), n_c = K + 1, mid, capacity (n_c = N) and beyond it (rows past N never read); ties across
+// the cut, -0.0 next to +0.0, negative scores, and one request whose scores all tie (more ties
+// than the sort holds: the ordered fallback).
+TEST_CASE("indexer top-k at engine shapes selects as the reference rule", "[ds4][indexer][topk]") {
+  Device dev;
+  struct Shape { int k; std::int64_t N; };
+  for (const Shape sh : {Shape{512, 2048}, Shape{512, 16384}, Shape{512, 40000}, Shape{2048, 4096}, Shape{1024, 40000}}) {
+    const int K = sh.k;
+    const std::int64_t N = sh.N;
+    INFO("K " << K << " N " << N);
+    const std::vector<std::int32_t> n_cs = {0, 1, K - 1, K, K + 1, static_cast<std::int32_t>((N + K) / 2),
+                                            static_cast<std::int32_t>(N), static_cast<std::int32_t>(N + 5),
+                                            static_cast<std::int32_t>(N)};
+    const int B = static_cast<int>(n_cs.size());
+    std::vector<std::int32_t> lens(B);
+    for (int b = 0; b < B; ++b) lens[b] = n_cs[b] * 4 + b % 4;  // L % 4 != 0 too: n_c = L / 4
+    std::mt19937 rng(static_cast<unsigned>(K * 7 + N));
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> logits(static_cast<std::size_t>(B) * N);
+    for (int b = 0; b < B; ++b) {
+      float* row = logits.data() + static_cast<std::size_t>(b) * N;
+      for (std::int64_t s = 0; s < N; ++s) {
+        // Coarse values (many ties, some across the K-th score), both signs, signed zeros.
+        float v = std::round(nd(rng) * 64.f) / 8.f;
+        if (v == 0.f && (s & 1)) v = -0.f;
+        row[s] = v;
+      }
+      if (b == B - 1) std::fill(row, row + N, 0.25f);  // everything ties
+    }
+    const auto dl = to_device(logits), dlen = to_device(lens);
+    auto top = cuda::device_alloc(static_cast<std::size_t>(B) * K * 4);
+    GRAPHSAFE_CUDA(cudaMemset(top.get(), 0x7F, static_cast<std::size_t>(B) * K * 4));
+    cuda::IndexerTopkArgs ta;
+    ta.batch = B; ta.N = N; ta.k = K; ta.seq_lens = reinterpret_cast<const std::int32_t*>(dlen.get());
+    ta.logits = reinterpret_cast<const float*>(dl.get());
+    ta.topk_local = reinterpret_cast<std::int32_t*>(top.get());
+    cuda::indexer_topk(ta, dev.s);
+    const auto got = to_host<std::int32_t>(top.get(), static_cast<std::size_t>(B) * K, dev.s);
+    for (int b = 0; b < B; ++b) {
+      INFO("request " << b << " n_c " << n_cs[b]);
+      const int n_c = n_cs[b];
+      const int n = n_c <= K ? n_c : static_cast<int>(std::min<std::int64_t>(n_c, N));
+      const auto want = ref::indexer_topk(logits.data() + static_cast<std::size_t>(b) * N, n, K);
+      CHECK(std::vector<std::int32_t>(got.begin() + static_cast<std::ptrdiff_t>(b) * K,
+                                      got.begin() + static_cast<std::ptrdiff_t>(b + 1) * K) == want);
+    }
+  }
 }
 
 TEST_CASE("DS4 C4 step with the indexer: replay equals eager bit for bit as sequences grow", "[ds4][indexer][graph]") {

@@ -1002,3 +1002,49 @@ TEST_CASE("attention_over_workspace: -1 and out-of-range entries are skipped, le
   CHECK_THROWS_WITH(ref::attention_over_workspace(p, ws.data(), 2 * M, idx.data(), len.data(), width, got.data()),
                     Contains("129") && Contains("128"));
 }
+
+TEST_CASE("query_rows_problem: token t of request b attends b's rows up to position L_b - s_q + t", "[ds4][mtp]") {
+  const std::vector<std::int32_t> lens = {0, 1, 2, 3, 5, 17, 255, 257, 512};
+  for (const int ratio : {1, 4, 128})
+    for (const int s_q : {1, 2, 3}) {
+      INFO("ratio " << ratio << " s_q " << s_q);
+      const ds4::LayerConfig c = tiny(ratio);
+      const ds4::DecodeProblem p = ds4::make_problem(c, lens, 7 + ratio);
+      const ds4::DecodeProblem rows = ds4::query_rows_problem(p, s_q, 9);
+      REQUIRE(rows.batch == p.batch * s_q);
+      const int R = rows.batch, W = c.window, cw = c.compressed_width();
+      std::vector<std::int32_t> ci(static_cast<std::size_t>(R) * std::max(cw, 1), -1), cl(R), si(static_cast<std::size_t>(R) * W), sl(R);
+      ref::combine_paged(rows, ratio > 1 ? ci.data() : nullptr, cl.data(), si.data(), sl.data());
+      for (int b = 0; b < p.batch; ++b)
+        for (int t = 0; t < s_q; ++t) {
+          const int r = b * s_q + t;
+          const int pos = lens[b] - s_q + t;  // the token's position; < 0: no token
+          const int n = lens[b] == 0 || pos < 0 ? 0 : std::min(pos + 1, W);
+          REQUIRE(sl[r] == n);
+          for (int i = 0; i < n; ++i) CHECK(si[static_cast<std::size_t>(r) * W + i] == ref::swa_slot(p, b, pos - n + 1 + i));
+          if (ratio == 128) {  // every visible compressed row of the token, through request b's table
+            const int n_c = lens[b] == 0 || pos < 0 ? 0 : (pos + 1) / ratio;
+            REQUIRE(cl[r] == n_c);
+            for (int j = 0; j < n_c; ++j) CHECK(ci[static_cast<std::size_t>(r) * cw + j] == ref::compressed_slot(p, b, j));
+          }
+          if (ratio == 4) {  // picks of the row's own n_c, read through request b's table
+            const int n_c = lens[b] == 0 || pos < 0 ? 0 : (pos + 1) / ratio;
+            REQUIRE(cl[r] == std::min(n_c, c.topk));
+            for (int i = 0; i < cl[r]; ++i) {
+              const int id = rows.topk_local[static_cast<std::size_t>(r) * c.topk + i];
+              CHECK(id < n_c);
+              CHECK(ci[static_cast<std::size_t>(r) * cw + i] == ref::compressed_slot(p, b, id));
+            }
+          }
+        }
+      if (s_q == 1) {  // one token: the same problem, the same attention bit for bit
+        const ds4::DecodeProblem same = ds4::query_rows_problem(p, 1, 7 + ratio);
+        std::vector<float> a(static_cast<std::size_t>(p.batch) * c.heads * 512), b(a.size());
+        ref::sparse_attention(p, a.data());
+        ref::sparse_attention(same, b.data());
+        CHECK(a == b);
+      }
+    }
+  CHECK_THROWS_WITH(ds4::query_token_rows({3}, 0), Contains("query_tokens = 0"));
+  CHECK_THROWS_WITH(ds4::query_token_rows({-1}, 2), Contains("seq_lens[0] = -1"));
+}

@@ -107,6 +107,30 @@ TEST_CASE("free list: blocks released on different streams stay apart until thei
   CHECK(fl.validate().empty());
 }
 
+TEST_CASE("free list: a block released after the caller chose the streams to wait for keeps its stream",
+          "[free_list][streams]") {
+  FreeList fl;
+  fl.add_slab(kBase, 2000);
+  Block* a = fl.take_best_fit(1000);
+  Block* b = fl.take_best_fit(1000);
+  fl.give_back(a, kStreamA);
+  const std::uint64_t horizon = fl.releases();  // the caller waits for A from here
+  fl.release_eager(b, kStreamA);                // A queued more work on b after that wait
+  CHECK(fl.releases() > horizon);
+  fl.mark_ready({kStreamA}, horizon);
+  // b (coalesced with a) may still be in use by A: the merged block keeps A's tag, the slab stays.
+  CHECK(layout(fl) == std::vector<Seen>{{0, 2000, BlockState::free}});
+  void* tag = nullptr;
+  fl.for_each_block([&](const auto&, const Block& blk) { tag = blk.stream; });
+  CHECK(tag == kStreamA);
+  CHECK(fl.remove_free_slabs().empty());
+  fl.mark_ready({kStreamA}, fl.releases());  // waited for again, after b's release
+  fl.for_each_block([&](const auto&, const Block& blk) { tag = blk.stream; });
+  CHECK(tag == nullptr);
+  CHECK(fl.remove_free_slabs().size() == 1);
+  CHECK(fl.validate().empty());
+}
+
 TEST_CASE("free list: a ready block between two streams' blocks joins only one of them", "[free_list][streams]") {
   FreeList fl;
   fl.add_slab(kBase, 3000);

@@ -13,8 +13,8 @@
 // operations; which type is thrown is checked where the model can predict it, and the arena must be
 // consistent afterwards either way. Anything else (a crash, a sanitizer report, a model mismatch,
 // a race the seeded backend's checker reports: every write is a stream launch declaring its bytes)
-// aborts. GRAPHSAFE_HOST_EXECUTION=seeded:<n> makes every input run seeded; GRAPHSAFE_FUZZ_SEEDED=1
-// lets each input choose (see below).
+// aborts, at the operation that made it. Each input chooses synchronous or seeded execution;
+// GRAPHSAFE_HOST_EXECUTION=seeded:<n> makes every input run seeded (the corpus replay, label async).
 //
 //   build: cmake -DGRAPHSAFE_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ ...; run: arena_fuzzer corpus/ -max_total_time=60
 #include <graphsafe/graphsafe.hpp>
@@ -93,6 +93,12 @@ bool sampled(const void* p, std::uint64_t bytes, unsigned char tag) {
 // A "kernel" writing `tag` over [p, p + bytes) on `s`, its bytes declared to the race checker.
 void write(HostStream& s, void* p, std::uint64_t bytes, unsigned char tag) {
   if (bytes) s.launch([p, bytes, tag] { std::memset(p, tag, bytes); }, {HostAccess::writes(p, bytes)});
+}
+
+// FZ_TRACE=1: print each operation and the eager ranges it hands out (to read a crash input).
+bool tracing() {
+  static const bool trace = std::getenv("FZ_TRACE") != nullptr;
+  return trace;
 }
 
 bool filled(const void* p, std::uint64_t bytes, unsigned char tag) {
@@ -240,8 +246,7 @@ class Fuzz {
   }
 
   void run_step(std::uint8_t op) {
-    static const bool trace = std::getenv("FZ_TRACE") != nullptr;  // FZ_TRACE=1: print each op
-    if (trace) std::fprintf(stderr, "op %d (opens %zu graphs %zu)\n", op % 17, opens_.size(), graphs_.size());
+    if (tracing()) std::fprintf(stderr, "op %d (opens %zu graphs %zu)\n", op % 17, opens_.size(), graphs_.size());
     switch (op % 17) {
       case 0: reserve(); break;
       case 1: case 2: request(); break;
@@ -332,6 +337,7 @@ class Fuzz {
       return;  // the handle dying is harmless: the graph owns it
     }
     write(hs(si), w.data(), w.bytes(), t);
+    if (tracing()) std::fprintf(stderr, "  eager s%d %p +%llu\n", si, w.data(), (unsigned long long)w.bytes());
     eager_.push_back({std::move(w), t});
   }
 
@@ -359,6 +365,7 @@ class Fuzz {
     }
     const unsigned char t = tag();
     write(hs(si), p, bytes, t);
+    if (tracing()) std::fprintf(stderr, "  raw s%d %p +%llu\n", si, p, (unsigned long long)bytes);
     raws_.push_back({p, bytes, si, t});
   }
 
@@ -396,8 +403,12 @@ class Fuzz {
       return;
     }
     const std::uint64_t bytes = how == 1 ? x.bytes / 2 : x.bytes;  // smaller is accepted
-    if (!hs(si).capturing()) backend_.order_after(hs(si), hs(x.stream));  // written there: an event
-    OP(Expect::ok, arena_.deallocate(hs(si), x.p, bytes));
+    // The release stream must be ordered after the block's writes. A capturing stream cannot wait for
+    // eager work (the event would be part of its graph), so the block is released on the stream that
+    // wrote it (which may be capturing itself: its work before the capture is what the block holds).
+    const int rs = hs(si).capturing() ? x.stream : si;
+    backend_.order_after(hs(rs), hs(x.stream));  // written there: an event (nothing when rs is x.stream)
+    OP(Expect::ok, arena_.deallocate(hs(rs), x.p, bytes));
     raws_.erase(raws_.begin() + static_cast<std::ptrdiff_t>(i));
     if (how == 2) {  // double release (unless the range was reused since: then it is another live block)
       bool reused = false;
@@ -579,7 +590,8 @@ class Fuzz {
   }
 
   // Eager traffic from 2..4 threads at once, each on a stream of its own: everything it takes it
-  // gives back, so the model is unchanged (the arena may have grown).
+  // gives back, so the model is unchanged (the arena may have grown or been trimmed). Some requests
+  // are released without waiting for their write, some rounds trim instead.
   void threads() {
     const int n = 2 + r_.u8() % 3;
     const int rounds = 1 + r_.u8() % 16;
@@ -595,9 +607,16 @@ class Fuzz {
           x = x * 6364136223846793005ull + 1442695040888963407ull;
           const auto count = static_cast<std::int64_t>((x >> 33) % 70000);
           const auto t = static_cast<unsigned char>(251 + i);
+          const unsigned what = (x >> 20) % 8;
+          if (what == 0) {  // trim while the other threads request and release
+            arena_.trim(h);
+            continue;
+          }
           try {
             Workspace w = arena_.request(h, "fz.thread", Extent(count), 1, capacity_bound, Bindings());
             write(h, w.data(), w.bytes(), t);
+            if (tracing()) std::fprintf(stderr, "  thread %d %p +%llu\n", i, w.data(), (unsigned long long)w.bytes());
+            if (what == 1) continue;  // released with its write still queued: the next user orders after h
             backend_.synchronize(h);
             if (!filled(w.data(), w.bytes(), t)) ++wrong;
           } catch (const out_of_memory_error&) {
@@ -610,6 +629,12 @@ class Fuzz {
 
   void check() {
     backend_.quiesce();  // contents are checked below: what the streams were given has run
+    // A race is reported at the operation that made it (not at teardown), with both sites.
+    if (std::vector<HostRace> races = backend_.take_races(); !races.empty()) {
+      std::string d;
+      for (const HostRace& x : races) d += "\n  " + x.describe();
+      fail("unordered accesses (seeded execution)", __LINE__, d);
+    }
     const ArenaStats st = arena_.stats();
     FZ_CHECK(all_slab_bytes_() == backend_.bytes_in_use());
     FZ_CHECK(st.active_captures == opens_.size());
@@ -724,13 +749,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   ao.grow_on_demand = (cfg & 4) == 0;
   ao.report_findings = false;
   ao.always_check_capture = (cfg & 8) != 0;
-  // Seeded (the interleaving and how much stays queued from the input) or the environment's choice.
-  // The input picks seeded execution only when GRAPHSAFE_FUZZ_SEEDED is set: exploring seeded
-  // interleavings still finds unordered reuses the arena has to fix (a block reused across
-  // threads' streams, and two graph replays on different streams writing shared bytes), so CI's
-  // timed run explores synchronous execution and replays the corpus seeded (CTest label async).
-  static const bool explore_seeded = std::getenv("GRAPHSAFE_FUZZ_SEEDED") != nullptr;
-  if (explore_seeded && (cfg2 & 1)) {
+  // Seeded for half the inputs (the interleaving and how much stays queued come from the input), so
+  // the timed run explores stream orderings; the others run as the environment says.
+  if (cfg2 & 1) {
     bo.execution = HostExecution::seeded;
     bo.seed = cfg2 >> 1;
     bo.max_queued = (cfg2 >> 4) % 9;

@@ -300,4 +300,46 @@ void grow(DecodeProblem& p, const std::vector<int32_t>& new_seq_lens, std::uint6
   ref::fill_picks(p, seed, picks);
 }
 
+QueryTokenRows query_token_rows(const std::vector<int32_t>& seq_lens, int query_tokens) {
+  using ref::detail::fail;
+  if (query_tokens < 1 || query_tokens > kMaxQueryTokens)
+    fail("query_token_rows: query_tokens = ", query_tokens, " outside [1, kMaxQueryTokens = ", kMaxQueryTokens, "]");
+  QueryTokenRows q;
+  q.query_tokens = query_tokens;
+  for (std::size_t b = 0; b < seq_lens.size(); ++b) {
+    const int L = seq_lens[b];
+    if (L < 0) fail("query_token_rows: seq_lens[", b, "] = ", L, " must be >= 0");
+    for (int t = 0; t < query_tokens; ++t) {
+      q.request.push_back(static_cast<int32_t>(b));
+      // position L - s_q + t; the one-token length is that position + 1
+      q.seq_lens.push_back(L == 0 ? 0 : std::max(L - query_tokens + 1 + t, 0));
+    }
+  }
+  return q;
+}
+
+DecodeProblem query_rows_problem(const DecodeProblem& p, int query_tokens, std::uint64_t seed, Picks picks) {
+  ref::validate(p);
+  const QueryTokenRows rows = query_token_rows(p.seq_lens, query_tokens);
+  DecodeProblem e = p;
+  e.batch = static_cast<int>(rows.seq_lens.size());
+  e.seq_lens = rows.seq_lens;
+  auto copy_rows = [&](const std::vector<int32_t>& table, int per_req) {
+    std::vector<int32_t> out;
+    out.reserve(static_cast<std::size_t>(e.batch) * static_cast<std::size_t>(per_req));
+    for (const int32_t b : rows.request)
+      out.insert(out.end(), table.begin() + static_cast<std::ptrdiff_t>(b) * per_req,
+                 table.begin() + static_cast<std::ptrdiff_t>(b + 1) * per_req);
+    return out;
+  };
+  e.swa_block_table = copy_rows(p.swa_block_table, p.swa_blocks_per_req);
+  if (p.cfg.ratio > 1) e.cmp_block_table = copy_rows(p.cmp_block_table, p.cmp_blocks_per_req);
+  ref::Rng qrng(ref::mix(seed, ref::kQuery));
+  e.q.resize(static_cast<std::size_t>(e.batch) * static_cast<std::size_t>(p.cfg.heads) * kHeadDim);
+  for (auto& v : e.q) v = ref::bf16_from_float(qrng.normal());
+  ref::fill_picks(e, seed, picks);
+  ref::validate(e);
+  return e;
+}
+
 }  // namespace graphsafe::ds4

@@ -14,7 +14,8 @@
 // [R, M, 512], request b at row b*M) and ragged (request b's rows right after request b-1's). Both
 // reserve R*M rows; in virtual-growth mode (ArenaOptions::virtual_memory) only the rows written are
 // mapped, and with the ragged layout those are one prefix of the workspace (docs/virtual_growth.md).
-// The paged-direct path needs no gather workspace; its index lists and scratch are static requests.
+// The paged-direct path needs no gather workspace; PagedDecode runs the PagedAttention operator
+// (paged_attention.hpp), whose index lists and split-K partials are static requests.
 #pragma once
 
 #include <graphsafe/arena.hpp>

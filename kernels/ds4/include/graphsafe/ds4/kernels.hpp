@@ -48,24 +48,29 @@ void compress_insert(const float* kv_state, const float* score_state, int ratio,
 //   for i < min(n_c, cmp_width); -1 after. cmp_lens[b] = that count. (ratio 1: cmp_* may be null.)
 //   swa_idx [B, window]: slots of positions p-swa_len+1 .. p; swa_lens[b] = swa_len.
 //   seq_lens[b] == 0 (padded token) gives empty lists.
+//   Several query tokens per request (query_tokens = s_q > 1, MTP): the lists are per query row
+//   r = b*s_q + t ([B*s_q, width], topk_local [B*s_q, K]); seq_lens[b] counts all s_q tokens, token t
+//   sits at position L_b - s_q + t and gets the lists of a one-token request of length
+//   L_b - s_q + 1 + t (empty below position 0). The attention then runs with batch B*s_q.
 struct PagedIndexArgs {
-  int batch = 0;
+  int batch = 0;                              // B requests
+  int query_tokens = 1;                       // s_q: 1 .. kMaxQueryTokens
   int ratio = 4;                              // 1, 4 or 128
   int window = kDefaultWindow;                // W
   int topk = 512;                             // K (ratio 4: row stride of topk_local)
   int cmp_width = 0;                          // row stride of cmp_idx (>= K for C4)
   const std::int32_t* seq_lens = nullptr;     // [B] device
-  const std::int32_t* topk_local = nullptr;   // [B, K] (ratio 4 only)
+  const std::int32_t* topk_local = nullptr;   // [B*s_q, K] (ratio 4 only)
   const std::int32_t* swa_block_table = nullptr;  // [B, swa_blocks_per_req]
   int swa_blocks_per_req = 0;
   int swa_block_tokens = kSwaBlockTokens;
   const std::int32_t* cmp_block_table = nullptr;  // [B, cmp_blocks_per_req]
   int cmp_blocks_per_req = 0;
   int cmp_block_entries = 0;                  // 256 / ratio
-  std::int32_t* cmp_idx = nullptr;            // out [B, cmp_width]
-  std::int32_t* cmp_lens = nullptr;           // out [B]
-  std::int32_t* swa_idx = nullptr;            // out [B, window]
-  std::int32_t* swa_lens = nullptr;           // out [B]
+  std::int32_t* cmp_idx = nullptr;            // out [B*s_q, cmp_width]
+  std::int32_t* cmp_lens = nullptr;           // out [B*s_q]
+  std::int32_t* swa_idx = nullptr;            // out [B*s_q, window]
+  std::int32_t* swa_lens = nullptr;           // out [B*s_q]
 };
 void combine_paged(const PagedIndexArgs& a, cudaStream_t stream);
 
@@ -176,6 +181,9 @@ struct AttentionCommon {
   std::uint16_t* out = nullptr;               // bf16 [B, H, 512]
   int splits = 1;
   void* scratch = nullptr;                    // sparse_attention_scratch_bytes(B, H, splits)
+  // Optional: the (max, sum) partials [B, splits, H, 2] fp32 in a buffer of their own; then `scratch`
+  // needs only the O partials [B, splits, H, 512] fp32. Null: both in `scratch`, O first.
+  void* scratch_ml = nullptr;
 };
 
 // (A) paged-direct: fp8 rows read through global slots from the two caches, dequantized in smem.

@@ -48,6 +48,9 @@ inline constexpr float kAmaxFloor = 1e-4f; // vLLM clamps amax >= 1e-4 before ta
 inline constexpr int kDefaultWindow = 128;      // W
 inline constexpr int kSwaBlockTokens = 64;      // SWA cache block (tokens)
 inline constexpr int kCompressedBlockSpan = 256;// a compressed block covers 256 tokens: 256/r entries
+// Query tokens per request in one decode step (s_q: 1 plain decode, 2 with one MTP draft token);
+// the launchers accept 1 .. kMaxQueryTokens.
+inline constexpr int kMaxQueryTokens = 16;
 
 // A paged cache: num_blocks blocks of block_tokens tokens, `stride` bytes apart.
 // A slot is block * block_tokens + offset_in_block (FlashMLA's global index convention).

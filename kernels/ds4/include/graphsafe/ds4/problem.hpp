@@ -62,4 +62,25 @@ DecodeProblem make_problem(const LayerConfig& cfg, const std::vector<int32_t>& s
 void grow(DecodeProblem& p, const std::vector<int32_t>& new_seq_lens, std::uint64_t seed,
           Picks picks = Picks::random);
 
+// ---- several query tokens per request (MTP decode, docs/ds4_model.md §2 with s_q > 1) ------------
+// seq_lens[b] counts all s_q query tokens of request b; token t (0 <= t < s_q) sits at position
+// L_b - s_q + t, is query row b*s_q + t, and attends causally: exactly like a one-token request of
+// length L_b - s_q + 1 + t (its own window, n_c and top-k picks). A padded request (L_b == 0) and
+// tokens below position 0 (L_b < s_q - t) get length 0 (zero output).
+struct QueryTokenRows {
+  int query_tokens = 1;
+  std::vector<int32_t> request;   // [B*s_q]: b of query row r
+  std::vector<int32_t> seq_lens;  // [B*s_q]: the one-token length of query row r
+};
+// Throws std::invalid_argument for query_tokens outside [1, kMaxQueryTokens] or a negative length.
+QueryTokenRows query_token_rows(const std::vector<int32_t>& seq_lens, int query_tokens);
+
+// The problem whose requests are the query rows of `p` (batch B*s_q): row r reads request
+// query_token_rows(...).request[r]'s caches through a copy of its block-table rows, with the row's
+// length, a query of its own (seeded, [B*s_q, H, 512]) and C4 picks valid for the row's n_c (`picks`
+// as in make_problem). ref::sparse_attention of it is the reference for s_q query tokens; the caches
+// are copied unchanged, so request b's block-table rows of `p` address the same bytes.
+DecodeProblem query_rows_problem(const DecodeProblem& p, int query_tokens, std::uint64_t seed,
+                                 Picks picks = Picks::random);
+
 }  // namespace graphsafe::ds4
