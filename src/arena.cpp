@@ -1,4 +1,6 @@
 #include "arena_core.hpp"
+#include "environment.hpp"
+#include "internal_access.hpp"
 #include "virtual_commit.hpp"
 
 #include <graphsafe/error.hpp>
@@ -91,6 +93,22 @@ ThreadSlots::~ThreadSlots() {
 }
 }  // namespace
 
+ArenaCore::ArenaCore(Backend& b, ArenaOptions o) : backend(b), opts(o), id(next_id()) {
+  check_options(opts);
+  if (env::debug()) opts.debug = true;  // GRAPHSAFE_DEBUG: debug mode for every arena
+  if (opts.debug) {
+    opts.always_check_capture = true;
+    guard_bytes = opts.canary_bytes;
+    debug = attach_debug_observer(*this);
+  }
+  regions = make_region_provider(*this);
+}
+
+void ArenaCore::attach(std::unique_ptr<ArenaObserver> o) {
+  observers_.list.push_back(std::move(o));
+  observer = observers_.list.size() == 1 ? observers_.list.front().get() : &observers_;
+}
+
 std::uint64_t ArenaCore::next_id() {
   static std::atomic<std::uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);
@@ -167,7 +185,7 @@ ArenaCore::~ArenaCore() {
     if (&b == &s.blocks.front()) slabs.emplace_back(s.addr, s.size);
   });
   for (auto [addr, size] : slabs) {
-    if (opts.debug) debug_slab_removed(addr);
+    if (observer) observer->slab_removed(addr);
     try {
       backend.free_slab(reinterpret_cast<void*>(addr), size, Stream(static_cast<cudaStream_t>(nullptr)));
     } catch (...) {
@@ -194,9 +212,9 @@ SessionState* ArenaCore::session_for_query(Stream s) {
 
 void* ArenaCore::new_slab(std::uint64_t bytes, Stream s) {
   void* p = backend.allocate_slab(bytes, s);
-  // Debug mode registers the slab with the NVTX Memory API right after; compute-sanitizer only
-  // accepts the range once the stream-ordered allocation has happened.
-  if (opts.debug) [[unlikely]] backend.synchronize(s);
+  // Observers are told of slabs whose allocation has happened (debug mode registers them with the
+  // NVTX Memory API; compute-sanitizer only accepts the range once the stream-ordered allocation ran).
+  if (observer) [[unlikely]] backend.synchronize(s);
   return p;
 }
 
@@ -238,7 +256,7 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
     void* p = new_slab(slab, s);  // throws out_of_memory_error naming the size
     std::lock_guard g(lock);
     fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, stream_tag(s));
-    if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);
+    if (observer) observer->slab_added(reinterpret_cast<std::uintptr_t>(p), slab, true);
     b = fl.take_best_fit(bytes);
     eager_bytes += b->size;
     ++eager_blocks;
@@ -371,7 +389,7 @@ void ArenaCore::record(SessionState& st, PlanEntry e, const SizingDecision& d, c
     if (opts.refuse_unsafe_capture) throw policy_refusal("graphsafe: capture refused: " + msg);
     st.plan.add_finding({e.name, e.site, std::move(msg)});
   }
-  if (opts.debug) [[unlikely]] debug_captured_request(st, e);
+  if (observer) [[unlikely]] observer->captured_request(st, e);
   st.plan.add(std::move(e));
 }
 
@@ -384,7 +402,7 @@ Workspace ArenaCore::request(Stream s, std::string_view name, const Extent& need
   if (!st) {
     if (bytes == 0) return make_workspace(nullptr, nullptr, 0, d.count, s, false);
     Block* blk = take_eager(align_up(bytes + guard_bytes, kAlignment), s);
-    if (opts.debug) [[unlikely]] debug_eager_taken(blk->addr, bytes, name, loc, s, false);
+    if (observer) [[unlikely]] observer->request(blk->addr, bytes, name, loc, s, false);
     return make_workspace(blk, reinterpret_cast<void*>(blk->addr), bytes, d.count, s, false);
   }
   return request_captured(*st, s, name, need, element_bytes, policy, b, loc, touched, d, bytes);
@@ -398,7 +416,7 @@ Workspace ArenaCore::request_captured(SessionState& st, Stream s, std::string_vi
   std::uint64_t serial = 0;
   std::string why_not;
   const std::uint64_t offset =
-      place_in_capture(st, bytes + guard_bytes, kAlignment, name, s, &serial, opts.debug ? &why_not : nullptr);
+      place_in_capture(st, bytes + guard_bytes, kAlignment, name, s, &serial, observer ? &why_not : nullptr);
   // Virtual growth: map the capture-time footprint (and the guard region) behind the range.
   if (st.virt) [[unlikely]] virtual_place(st, offset, bytes, guard_bytes, element_bytes, need, touched, b, name);
   PlanEntry e;
@@ -410,7 +428,7 @@ Workspace ArenaCore::request_captured(SessionState& st, Stream s, std::string_vi
   e.bytes = bytes;
   e.offset = offset;
   e.site = site_of(loc);
-  if (!why_not.empty()) [[unlikely]] debug_reuse_not_proven(st, e, why_not);
+  if (!why_not.empty()) [[unlikely]] observer->reuse_not_proven(st, e, why_not);
   record(st, std::move(e), d, &need, b);
   Workspace w = make_workspace(nullptr, reinterpret_cast<void*>(st.base + offset), bytes, d.count, s, true);
   w.block_ = reinterpret_cast<void*>(static_cast<std::uintptr_t>(serial));  // the planner's id of its range
@@ -443,7 +461,7 @@ void* ArenaCore::allocate(Stream s, std::uint64_t bytes, std::uint64_t alignment
   if (SessionState* st = session_for(s)) [[unlikely]]
     return allocate_captured(*st, s, bytes, alignment, loc);
   Block* blk = take_eager(align_up(std::max<std::uint64_t>(bytes, 1) + guard_bytes, kAlignment), s, true);
-  if (opts.debug) [[unlikely]] debug_eager_taken(blk->addr, bytes, "<opaque " + std::to_string(bytes) + " B>", loc, s, true);
+  if (observer) [[unlikely]] observer->request(blk->addr, bytes, "<opaque " + std::to_string(bytes) + " B>", loc, s, true);
   return reinterpret_cast<void*>(blk->addr);
 }
 
@@ -451,7 +469,7 @@ void* ArenaCore::allocate_captured(SessionState& st, Stream s, std::uint64_t byt
                                    const std::source_location& loc) {
   std::string why_not;
   const std::uint64_t offset = place_in_capture(st, std::max<std::uint64_t>(bytes, 1) + guard_bytes, alignment,
-                                                "<opaque>", s, nullptr, opts.debug ? &why_not : nullptr);
+                                                "<opaque>", s, nullptr, observer ? &why_not : nullptr);
   if (st.virt) [[unlikely]] virtual_place_bytes(st, offset, std::max<std::uint64_t>(bytes, 1) + guard_bytes, "<opaque>");
   PlanEntry e;
   e.kind = PlanEntry::Kind::opaque;
@@ -463,8 +481,8 @@ void* ArenaCore::allocate_captured(SessionState& st, Stream s, std::uint64_t byt
   e.replay_safe = true;  // nothing to check: no extent says what it depends on
   e.note = "size_t request: graphsafe cannot tell what this size depends on";
   e.site = site_of(loc);
-  if (!why_not.empty()) [[unlikely]] debug_reuse_not_proven(st, e, why_not);
-  if (opts.debug) [[unlikely]] debug_captured_request(st, e);
+  if (!why_not.empty()) [[unlikely]] observer->reuse_not_proven(st, e, why_not);
+  if (observer) [[unlikely]] observer->captured_request(st, e);
   st.plan.add(std::move(e));
   return reinterpret_cast<void*>(st.base + offset);
 }
@@ -498,9 +516,9 @@ void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
       return;
     }
   }
-  // Debug mode: check the guard (synchronizes the stream: not under the spin lock). A no-op for a
-  // pointer this arena did not serve eagerly; the checks below still refuse it.
-  if (opts.debug) [[unlikely]] debug_eager_released(addr, stream_tag(s));
+  // Debug mode checks the guard here (synchronizes the stream: not under the spin lock). Told of a
+  // pointer this arena did not serve eagerly too; the checks below refuse it.
+  if (observer) [[unlikely]] observer->release(addr, stream_tag(s));
   std::lock_guard g(lock);
   Block* b = fl.find_used(addr);
   if (!b) {
@@ -526,8 +544,8 @@ void ArenaCore::release(Workspace& w) noexcept {
   if (!w.block_) return;
   auto* b = static_cast<Block*>(w.block_);
   b->stream = w.stream_;  // the block is still this workspace's: nobody else reads it until it is back
-  if (opts.debug) [[unlikely]] {
-    debug_eager_released(b->addr, w.stream_);
+  if (observer) [[unlikely]] {
+    observer->release(b->addr, w.stream_);  // then back under the lock: an observed release is never parked
   } else {
     // Park it in this thread's slot when that is empty: no lock. The next request of this thread
     // (or anyone needing the whole free state) puts it back under the lock it takes anyway.
@@ -560,7 +578,7 @@ void ArenaCore::reserve(std::uint64_t bytes, Stream s) {
   void* p = new_slab(slab, s);
   std::lock_guard g(lock);
   fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, stream_tag(s));
-  if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);
+  if (observer) observer->slab_added(reinterpret_cast<std::uintptr_t>(p), slab, true);
 }
 
 void ArenaCore::make_free_blocks_ready(Stream s) {
@@ -608,7 +626,7 @@ void ArenaCore::trim(Stream s) {
   std::exception_ptr first;
   for (auto [addr, size] : slabs) {
     try {
-      if (opts.debug) debug_slab_removed(addr);
+      if (observer) observer->slab_removed(addr);
       backend.free_slab(reinterpret_cast<void*>(addr), size, s);
     } catch (...) {
       if (!first) first = std::current_exception();
@@ -620,14 +638,13 @@ void ArenaCore::trim(Stream s) {
     std::lock_guard g(lock);
     for (auto [addr, size] : kept) {
       fl.add_slab(addr, size, s.handle());
-      if (opts.debug) debug_slab_added(addr, size);
+      if (observer) observer->slab_added(addr, size, true);
     }
   }
   std::rethrow_exception(first);
 }
 
-void ArenaCore::begin_session(SessionState& st) {
-  if (opts.virtual_memory) [[unlikely]] return virtual_begin_session(*this, st);  // src/virtual_commit.cpp
+void ArenaCore::begin_slab_capture(SessionState& st) {
   // Nothing free at all (e.g. another capture holds the largest block): grow now, while the stream
   // is still eager. A capture itself never calls the upstream allocator.
   bool nothing_free;
@@ -656,7 +673,7 @@ void ArenaCore::begin_session(SessionState& st) {
     void* p = new_slab(slab, st.stream);
     std::lock_guard g(lock);
     fl.add_slab(reinterpret_cast<std::uintptr_t>(p), slab, stream_tag(st.stream));
-    if (opts.debug) debug_slab_added(reinterpret_cast<std::uintptr_t>(p), slab);
+    if (observer) observer->slab_added(reinterpret_cast<std::uintptr_t>(p), slab, true);
   }
   std::lock_guard g(lock);
   Family& f = *st.family;
@@ -683,8 +700,7 @@ void ArenaCore::begin_session(SessionState& st) {
   f.capturing = true;
 }
 
-void ArenaCore::end_session(SessionState& st, bool success) {
-  if (st.virt) [[unlikely]] return virtual_end_session(*this, st, success);  // src/virtual_commit.cpp
+void ArenaCore::end_slab_capture(SessionState& st, bool success) {
   std::lock_guard g(lock);
   Family& f = *st.family;
   f.capturing = false;
@@ -815,7 +831,7 @@ CaptureFamily Arena::family(std::string name) {
   f->name = std::move(name);
   f->arena_id = core_->id;
   f->arena = core_;
-  return CaptureFamily(std::move(f));
+  return family_handle(std::move(f));
 }
 
 void Arena::trim(Stream s) { core_->trim(s); }

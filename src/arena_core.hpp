@@ -6,7 +6,9 @@
 #include <graphsafe/debug.hpp>
 #include <graphsafe/plan.hpp>
 
+#include "arena_observer.hpp"
 #include "capture_planner.hpp"
+#include "region_provider.hpp"
 #include "free_list.hpp"
 
 #include <atomic>
@@ -162,25 +164,12 @@ std::string graph_label(const GraphState& g);
 // Destroys the graph's executable and gives its family's region back when it was the last graph
 // (src/captured_graph.cpp). No-op for a graph already destroyed.
 void destroy_graph(GraphState& g) noexcept;
-// Debug mode hooks (src/debug_arena.cpp), called only when the arena's opts.debug is on.
-std::size_t debug_report_mark();
-void debug_graph_created(GraphState& g, std::size_t report_mark);
-void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::source_location& loc);
-void debug_after_launch(GraphState& g, Stream s);
-void debug_graph_destroyed(GraphState& g) noexcept;
 // Order after the family's last replay and launch `g` on `s` (src/captured_graph.cpp).
 void launch_in_family(GraphState& g, Stream s, const std::source_location& loc);
 
 class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
  public:
-  ArenaCore(Backend& b, ArenaOptions o) : backend(b), opts(o), id(next_id()) {
-    check_options(opts);
-    if (opts.debug) {
-      opts.always_check_capture = true;
-      guard_bytes = opts.canary_bytes;
-      nvtx_on = opts.nvtx && backend.nvtx_heaps_supported();
-    }
-  }
+  ArenaCore(Backend& b, ArenaOptions o);
   ~ArenaCore();
 
   Backend& backend;
@@ -198,18 +187,13 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   std::uint64_t region_peak_live = 0;  // sum of the lower bounds of families holding a region
   std::uint64_t families_with_region = 0;
   std::shared_ptr<VirtualRegistry> virt;  // virtual growth: families with an address range
-  // Debug mode: bytes of guard behind every workspace (0 when debug mode or canaries are off).
+  // Bytes of guard placed behind every workspace (debug mode's canaries; 0 otherwise).
   std::uint64_t guard_bytes = 0;
-  bool nvtx_on = false;
-  struct EagerGuard {
-    std::uint64_t bytes;  // workspace bytes; the guard follows
-    std::string name;
-    std::string site;
-    // Live graphs whose captured work uses this eager workspace: releasing it is a finding.
-    std::vector<std::pair<const GraphState*, std::string>> captured_by;  // (graph, how)
-  };
-  std::unordered_map<std::uintptr_t, EagerGuard> eager_guards;  // under lock
-  std::map<std::uintptr_t, std::pair<std::uint64_t, void*>> nvtx_heaps;  // slab -> (size, heap), under lock
+  // Told of every event (src/arena_observer.hpp); nullptr when nobody watches. Set by attach()
+  // before the arena serves anything, read without the lock.
+  ArenaObserver* observer = nullptr;
+  DebugObserver* debug = nullptr;  // debug mode's observer (also in `observer`), for debug:: calls
+  void attach(std::unique_ptr<ArenaObserver> o);
 
   // The session capturing on `s`, nullptr when `s` is not capturing. Throws capture_state_error
   // for a stream captured outside graphsafe. With no graphsafe capture under way (and
@@ -239,9 +223,12 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   // Wait for the (non-capturing) streams that released free blocks, then coalesce across them.
   void make_free_blocks_ready(Stream s);
 
-  // Capture lifecycle (used by CaptureSession / CapturedGraph).
-  void begin_session(SessionState& st);
-  void end_session(SessionState& st, bool success);
+  // Capture lifecycle (used by CaptureSession / CapturedGraph): where a family's region comes from
+  // and goes back to is the region provider's (src/region_provider.hpp).
+  std::unique_ptr<RegionProvider> regions;
+  // SlabRegions: the region in this arena's slabs (src/arena.cpp).
+  void begin_slab_capture(SessionState& st);
+  void end_slab_capture(SessionState& st, bool success);
   void graph_destroyed(Family& f, void* stream) noexcept;
   // A capture ended (or an estimate): lifetimes and lower bound into its plan, its best layout to
   // the family for later captures.
@@ -250,16 +237,8 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   // reused by later requests of that capture. No-op once the capture has ended.
   void release_captured(std::uint64_t serial, void* stream) noexcept;
 
-  // Debug mode (src/debug_arena.cpp); called only when opts.debug is on.
-  void debug_slab_added(std::uintptr_t addr, std::uint64_t size, bool nvtx_heap = true);
-  void debug_slab_removed(std::uintptr_t addr) noexcept;
-  void debug_eager_taken(std::uintptr_t addr, std::uint64_t bytes, std::string_view name, const std::source_location& loc,
-                         Stream s, bool guarded);
-  void debug_eager_released(std::uintptr_t addr, void* stream) noexcept;
-  void debug_captured_request(SessionState& st, const PlanEntry& e);
-  void debug_reuse_not_proven(SessionState& st, const PlanEntry& e, const std::string& why);
-
  private:
+  ObserverList observers_;  // owns what attach() was given
   static std::uint64_t next_id();
   // This thread's slot in this arena (created on first use); nullptr when none can be had (no
   // memory for one, or the thread is exiting): the caller then releases under the lock.

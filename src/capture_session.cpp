@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <mutex>
 
+#include "internal_access.hpp"  // Arena and CaptureFamily handles to their state
+
 namespace graphsafe {
 namespace detail {
 
@@ -35,7 +37,6 @@ void start_session(SessionState& st, const Bindings& b) {
     throw capture_state_error("graphsafe: this stream is already capturing; a capture cannot start inside another "
                               "(end the outer capture first, or capture on another stream)");
   st.plan.set_captured_bindings(b);
-  if (core.opts.debug) [[unlikely]] st.report_mark = debug_report_mark();
   {
     // Earlier captures of this family's function: follow their placement while the sizes match.
     std::lock_guard g(core.lock);
@@ -50,7 +51,7 @@ void start_session(SessionState& st, const Bindings& b) {
     st.base = kPlanningBase;
     st.limit = 1ull << 62;
   } else {
-    core.begin_session(st);  // takes the region to capture into; throws if there is none
+    core.regions->begin_capture(st);  // takes the region to capture into; throws if there is none
   }
   // The region's memory may have been used eagerly on another stream: order the capture stream
   // after it now, in eager order, so every later replay on this stream follows that work.
@@ -74,11 +75,14 @@ void start_session(SessionState& st, const Bindings& b) {
     core.backend.begin_capture(st.stream, st.opts.mode);
     st.begun = true;
     const CaptureInfo ci = core.backend.capture_info(st.stream);
-    std::lock_guard g(core.lock);
-    st.capture_id = ci.id;
+    {
+      std::lock_guard g(core.lock);
+      st.capture_id = ci.id;
+    }
+    if (core.observer && !st.planning) [[unlikely]] core.observer->capture_begin(st);
   } catch (...) {
     unregister(st);
-    if (!st.planning) core.end_session(st, false);
+    if (!st.planning) core.regions->end_capture(st, false);
     throw;
   }
 }
@@ -88,7 +92,10 @@ void abandon_session(SessionState& st) noexcept {
   st.done = true;
   if (st.begun) st.core->backend.abort_capture(st.stream);
   unregister(st);
-  if (!st.planning) st.core->end_session(st, false);
+  if (st.planning) return;
+  ArenaCore& core = *st.core;
+  core.regions->end_capture(st, false);
+  if (core.observer) [[unlikely]] core.observer->capture_end(st, false);
 }
 
 CaptureEstimate finish_estimate(SessionState& st) {
@@ -123,7 +130,7 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
   // family's replays wait until this stream is recorded as its last.
   std::unique_lock serial(st.family->replay_mutex);
   // The backend has instantiated the graph: from here a failure must destroy it and give back the
-  // region. Everything that may throw (allocations) runs before end_session hands the region to the
+  // region. Everything that may throw (allocations) runs before end_capture hands the region to the
   // family; a failure then is an abandoned capture.
   std::unique_ptr<GraphState> g;
   try {
@@ -149,11 +156,13 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
   st.done = true;
   unregister(st);
   try {
-    core.end_session(st, true);  // commit: moves blocks between trees (descriptors are pooled)
+    core.regions->end_capture(st, true);  // commit: moves blocks between trees (descriptors are pooled)
   } catch (...) {
     core.backend.destroy(h);  // virtual growth registers the plan with its family (an allocation)
+    if (core.observer) [[unlikely]] core.observer->capture_end(st, false);
     throw;
   }
+  if (core.observer) [[unlikely]] core.observer->capture_end(st, true);
   if (core.opts.report_findings && !core.opts.debug && !st.plan.findings().empty()) {
     std::fprintf(stderr, "graphsafe: capture of family '%s' has %zu finding(s):\n", st.family->name.c_str(),
                  st.plan.findings().size());
@@ -176,10 +185,10 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
   }
   serial.unlock();
   // Debug mode: the capture's report on stderr (findings of all kinds), NVTX registration. The graph
-  // is whole by now: if the report fails, it is destroyed as any graph is.
-  if (core.opts.debug) [[unlikely]] {
+  // is whole by now: if an observer fails, it is destroyed as any graph is.
+  if (core.observer) [[unlikely]] {
     try {
-      debug_graph_created(*g, st.report_mark);
+      core.observer->graph_created(st, *g);
     } catch (...) {
       destroy_graph(*g);
       throw;
@@ -189,7 +198,7 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
 }
 
 std::shared_ptr<Family> family_of(const CaptureOptions& o, const std::shared_ptr<ArenaCore>& core) {
-  if (o.family) return o.family->impl();
+  if (o.family) return impl_of(*o.family);
   auto f = std::make_shared<Family>();
   f->name = "graph";
   f->arena_id = core->id;
@@ -202,7 +211,7 @@ CaptureEstimate estimate_capture(Arena& arena, Stream s, std::span<const Binding
   CaptureEstimate total;
   for (const Bindings& b : buckets) {
     SessionState st;
-    st.core = arena.core().shared_from_this();
+    st.core = core_of(arena).shared_from_this();
     st.stream = s;
     st.family = family_of(opts, st.core);
     st.opts = opts;
@@ -226,7 +235,7 @@ CaptureEstimate estimate_capture(Arena& arena, Stream s, std::span<const Binding
 
 CaptureSession::CaptureSession(Arena& arena, Stream s, const Bindings& b, CaptureOptions opts)
     : state_(std::make_unique<detail::SessionState>()) {
-  state_->core = arena.core().shared_from_this();
+  state_->core = detail::core_of(arena).shared_from_this();
   state_->stream = s;
   state_->family = detail::family_of(opts, state_->core);
   state_->opts = std::move(opts);

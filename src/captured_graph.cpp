@@ -1,4 +1,5 @@
 #include "arena_core.hpp"
+#include "internal_access.hpp"
 #include "virtual_commit.hpp"
 
 #include <graphsafe/error.hpp>
@@ -24,11 +25,10 @@ void destroy_graph(GraphState& g) noexcept {
     } catch (...) {
     }
   }
-  if (core.opts.debug) [[unlikely]] debug_graph_destroyed(g);
+  if (core.observer) [[unlikely]] core.observer->graph_destroyed(g);
   core.backend.destroy(g.handle);
   g.handle = {};
-  core.graph_destroyed(*g.family, stream_tag(g.stream));
-  if (g.family->virt) [[unlikely]] virtual_graph_destroyed(core, *g.family);  // idle family: chunks to the pool
+  core.regions->graph_destroyed(*g.family, stream_tag(g.stream));
 }
 
 // Graphs of one family share a region, so their replays are serialized: ordering after the last
@@ -45,13 +45,13 @@ void launch_in_family(GraphState& g, Stream s, const std::source_location& loc) 
     last = f.last_stream;
   }
   if (last && last != stream_tag(s)) core.backend.order_after(s, tagged_stream(last));
-  if (core.opts.debug) [[unlikely]] debug_before_launch(g, s, last, loc);
+  if (core.observer) [[unlikely]] core.observer->replay_begin(g, s, last, loc);
   core.backend.launch(g.handle, s);
   {
     std::lock_guard lk(core.lock);
     f.last_stream = stream_tag(s);
   }
-  if (core.opts.debug) [[unlikely]] debug_after_launch(g, s);
+  if (core.observer) [[unlikely]] core.observer->replay_end(g, s);
 }
 }  // namespace detail
 
@@ -136,7 +136,7 @@ void CapturedGraph::replay_unguarded_for_testing(Stream s) {
 const Plan& CapturedGraph::plan() const { return live(state_).plan; }
 std::uint64_t CapturedGraph::reserved_bytes() const { return live(state_).plan.bytes(); }
 std::uint64_t CapturedGraph::recaptures() const { return live(state_).recaptures; }
-CaptureFamily CapturedGraph::family() const { return CaptureFamily(live(state_).family); }
+CaptureFamily CapturedGraph::family() const { return detail::family_handle(live(state_).family); }
 const GraphHandle& CapturedGraph::handle() const { return live(state_).handle; }
 
 }  // namespace graphsafe

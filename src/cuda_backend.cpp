@@ -1,6 +1,8 @@
 #include <graphsafe/cuda_backend.hpp>
 #include <graphsafe/error.hpp>
 
+#include "environment.hpp"
+
 #include <mutex>
 #include <unordered_set>
 
@@ -34,7 +36,7 @@ CudaBackend::CudaBackend(CudaBackendOptions o) {
   std::uint64_t threshold = o.release_threshold;
   GRAPHSAFE_CUDA(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
   GRAPHSAFE_CUDA(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
-  plain_ = o.plain_allocations;
+  plain_ = o.plain_allocations || detail::env::plain_allocations();
 }
 
 CudaBackend::~CudaBackend() {

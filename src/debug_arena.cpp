@@ -1,6 +1,7 @@
 // Debug mode over the arena: capture findings, canaries (guard regions behind workspaces), NVTX
 // Memory API registration, concurrent family replays; probe() and audit_replay().
 #include "arena_core.hpp"
+#include "internal_access.hpp"
 #include "virtual_commit.hpp"
 
 #include <graphsafe/cuda_backend.hpp>
@@ -23,6 +24,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 
 namespace graphsafe {
 
@@ -43,6 +45,45 @@ std::string format_finding(const Finding& f);  // debug_report.cpp
 }
 
 namespace detail {
+
+// Debug mode's view of an arena: the eager workspaces and their guards, the slabs registered with
+// NVTX. Its state is guarded by the arena's lock (some events already run under it).
+class DebugObserver final : public ArenaObserver {
+ public:
+  explicit DebugObserver(ArenaCore& c) : core(c), nvtx_on(c.opts.nvtx && c.backend.nvtx_heaps_supported()) {}
+
+  void slab_added(std::uintptr_t addr, std::uint64_t bytes, bool heap) override;
+  void slab_removed(std::uintptr_t addr) noexcept override;
+  void request(std::uintptr_t addr, std::uint64_t bytes, std::string_view name, const std::source_location& loc,
+               Stream s, bool opaque) override;
+  void release(std::uintptr_t addr, void* stream) noexcept override;
+  void capture_begin(SessionState& st) override;
+  void captured_request(SessionState& st, const PlanEntry& e) override;
+  void reuse_not_proven(SessionState& st, const PlanEntry& e, const std::string& why) override;
+  void graph_created(SessionState& st, GraphState& g) override;
+  void replay_begin(GraphState& g, Stream s, void* last_stream, const std::source_location& loc) override;
+  void replay_end(GraphState& g, Stream s) override;
+  void graph_destroyed(GraphState& g) noexcept override;
+
+  ArenaCore& core;
+  const bool nvtx_on;
+  struct EagerGuard {
+    std::uint64_t bytes;  // workspace bytes; the guard follows
+    std::string name;
+    std::string site;
+    // Live graphs whose captured work uses this eager workspace: releasing it is a finding.
+    std::vector<std::pair<const GraphState*, std::string>> captured_by;  // (graph, how)
+  };
+  std::unordered_map<std::uintptr_t, EagerGuard> eager_guards;           // under core.lock
+  std::map<std::uintptr_t, std::pair<std::uint64_t, void*>> nvtx_heaps;  // slab -> (size, heap), under core.lock
+};
+
+DebugObserver* attach_debug_observer(ArenaCore& core) {
+  auto o = std::make_unique<DebugObserver>(core);
+  DebugObserver* p = o.get();
+  core.attach(std::move(o));
+  return p;
+}
 
 namespace {
 
@@ -148,8 +189,9 @@ void nvtx_region_unregister(std::uintptr_t addr) {
 
 // Heap (slab) holding `addr`; caller holds the arena's lock.
 void* heap_for(ArenaCore& core, std::uintptr_t addr) {
-  auto it = core.nvtx_heaps.upper_bound(addr);
-  if (it == core.nvtx_heaps.begin()) return nullptr;
+  const auto& heaps = core.debug->nvtx_heaps;
+  auto it = heaps.upper_bound(addr);
+  if (it == heaps.begin()) return nullptr;
   --it;
   return addr < it->first + it->second.first ? it->second.second : nullptr;
 }
@@ -357,11 +399,11 @@ std::string graph_label(const GraphState& g) {
   return "family '" + g.family->name + "' graph #" + std::to_string(g.dbg_id);
 }
 
-std::size_t debug_report_mark() { return debug::finding_count(); }
+// ---- arena events -------------------------------------------------------------------------------
 
-// ---- ArenaCore hooks ----------------------------------------------------------------------------
+void DebugObserver::capture_begin(SessionState& st) { st.report_mark = debug::finding_count(); }
 
-void ArenaCore::debug_slab_added(std::uintptr_t addr, std::uint64_t size, bool nvtx_heap) {
+void DebugObserver::slab_added(std::uintptr_t addr, std::uint64_t size, bool nvtx_heap) {
   // A virtual reservation is no NVTX heap: compute-sanitizer accepts a heap only over one allocation
   // it tracks, and a reservation is mapped granule by granule as replays grow (seen on the H200:
   // nvtxMemHeapRegister rejected over the 16 GiB range). Its workspaces go unregistered; canaries
@@ -369,59 +411,62 @@ void ArenaCore::debug_slab_added(std::uintptr_t addr, std::uint64_t size, bool n
   if (nvtx_on && nvtx_heap) nvtx_heaps[addr] = {size, nvtx_heap_register(addr, size)};
 }
 
-void ArenaCore::debug_slab_removed(std::uintptr_t addr) noexcept {
-  std::lock_guard g(lock);
+void DebugObserver::slab_removed(std::uintptr_t addr) noexcept {
+  std::lock_guard g(core.lock);
   if (auto it = nvtx_heaps.find(addr); it != nvtx_heaps.end()) {
     nvtx_heap_unregister(it->second.second);
     nvtx_heaps.erase(it);
   }
 }
 
-void ArenaCore::debug_eager_taken(std::uintptr_t addr, std::uint64_t bytes, std::string_view name,
-                                  const std::source_location& loc, Stream s, bool) {
-  if (guard_bytes && opts.canaries) backend.fill_bytes(reinterpret_cast<void*>(addr + bytes), guard_bytes, kCanary, s);
-  std::lock_guard g(lock);
+void DebugObserver::request(std::uintptr_t addr, std::uint64_t bytes, std::string_view name,
+                            const std::source_location& loc, Stream s, bool) {
+  const std::uint64_t guard_bytes = core.guard_bytes;
+  if (guard_bytes && core.opts.canaries)
+    core.backend.fill_bytes(reinterpret_cast<void*>(addr + bytes), guard_bytes, kCanary, s);
+  std::lock_guard g(core.lock);
   eager_guards[addr] = EagerGuard{bytes, std::string(name), site_of(loc), {}};
-  if (nvtx_on) nvtx_region_register(heap_for(*this, addr), addr, bytes, "graphsafe eager: " + std::string(name));
+  if (nvtx_on) nvtx_region_register(heap_for(core, addr), addr, bytes, "graphsafe eager: " + std::string(name));
 }
 
-void ArenaCore::debug_eager_released(std::uintptr_t addr, void* stream) noexcept {
+void DebugObserver::release(std::uintptr_t addr, void* stream) noexcept {
   EagerGuard eg;
   std::vector<std::pair<std::string, std::string>> captured_by_labels;  // (graph, how)
   {
-    std::lock_guard g(lock);
+    std::lock_guard g(core.lock);
     auto it = eager_guards.find(addr);
     if (it == eager_guards.end()) return;
     eg = std::move(it->second);
     eager_guards.erase(it);
-    if (nvtx_on && heap_for(*this, addr)) nvtx_region_unregister(addr);
+    if (nvtx_on && heap_for(core, addr)) nvtx_region_unregister(addr);
     try {
       for (const auto& [graph, how] : eg.captured_by) captured_by_labels.emplace_back(graph_label(*graph), how);
     } catch (...) {
     }
   }
-  if (!captured_by_labels.empty() || active_sessions.load(std::memory_order_acquire) > 0) {
+  if (!captured_by_labels.empty() || core.active_sessions.load(std::memory_order_acquire) > 0) {
     // The bytes go back to the free list now (as without debug mode): the finding says what every
     // later replay of the graph will do with them.
     try {
       std::string site = caller_site();
       for (const auto& [label, how] : captured_by_labels)
         report_captured_release(eg.name, eg.bytes, addr, eg.site, label, how, site, false);
-      if (active_sessions.load(std::memory_order_acquire) > 0) {
+      if (core.active_sessions.load(std::memory_order_acquire) > 0) {
         std::lock_guard lk(released_mutex);
-        released_in_capture()[id].push_back({addr, eg.bytes, eg.name, eg.site, std::move(site)});
+        released_in_capture()[core.id].push_back({addr, eg.bytes, eg.name, eg.site, std::move(site)});
       }
     } catch (...) {
       // noexcept path (a Workspace dying): a finding that cannot be recorded is dropped.
     }
   }
-  if (!guard_bytes || !opts.canaries) return;
+  const std::uint64_t guard_bytes = core.guard_bytes;
+  if (!guard_bytes || !core.opts.canaries) return;
   try {
     const Stream s = tagged_stream(stream);
-    if (backend.capture_info(s).active) return;  // released inside a capture: cannot synchronize here
+    if (core.backend.capture_info(s).active) return;  // released inside a capture: cannot synchronize here
     std::vector<unsigned char> buf(guard_bytes);
-    backend.copy_to_host(buf.data(), reinterpret_cast<const void*>(addr + eg.bytes), guard_bytes, s);
-    backend.synchronize(s);
+    core.backend.copy_to_host(buf.data(), reinterpret_cast<const void*>(addr + eg.bytes), guard_bytes, s);
+    core.backend.synchronize(s);
     debug::Finding f;
     f.request = eg.name;
     f.graph = "eager";
@@ -437,7 +482,7 @@ void ArenaCore::debug_eager_released(std::uintptr_t addr, void* stream) noexcept
   }
 }
 
-void ArenaCore::debug_captured_request(SessionState& st, const PlanEntry& e) {
+void DebugObserver::captured_request(SessionState& st, const PlanEntry& e) {
   const std::string graph = "family '" + st.family->name + "' (capture)";
   if (e.kind == PlanEntry::Kind::opaque) {
     debug::report_finding(debug::kind::opaque_request_in_capture, e.site,
@@ -480,9 +525,9 @@ void link_captured_eager(ArenaCore& core, GraphState& g) {
   std::vector<bool> live(ptrs.size(), false);  // falls in a live eager workspace
   if (!ptrs.empty()) {
     std::lock_guard lk(core.lock);
-    std::vector<std::pair<std::uintptr_t, ArenaCore::EagerGuard*>> blocks;
-    blocks.reserve(core.eager_guards.size());
-    for (auto& [addr, eg] : core.eager_guards) blocks.emplace_back(addr, &eg);
+    std::vector<std::pair<std::uintptr_t, DebugObserver::EagerGuard*>> blocks;
+    blocks.reserve(core.debug->eager_guards.size());
+    for (auto& [addr, eg] : core.debug->eager_guards) blocks.emplace_back(addr, &eg);
     std::sort(blocks.begin(), blocks.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (std::size_t i = 0; i < ptrs.size(); ++i) {
       const CapturedPointer& p = ptrs[i];
@@ -490,7 +535,7 @@ void link_captured_eager(ArenaCore& core, GraphState& g) {
                                  [](std::uintptr_t a, const auto& b) { return a < b.first; });
       if (it == blocks.begin()) continue;
       --it;
-      ArenaCore::EagerGuard& eg = *it->second;
+      DebugObserver::EagerGuard& eg = *it->second;
       if (p.addr >= it->first + std::max<std::uint64_t>(eg.bytes, 1)) continue;
       live[i] = true;
       const bool known = std::any_of(eg.captured_by.begin(), eg.captured_by.end(),
@@ -522,7 +567,7 @@ void link_captured_eager(ArenaCore& core, GraphState& g) {
 
 }  // namespace
 
-void ArenaCore::debug_reuse_not_proven(SessionState& st, const PlanEntry& e, const std::string& why) {
+void DebugObserver::reuse_not_proven(SessionState& st, const PlanEntry& e, const std::string& why) {
   debug::report_finding(debug::kind::reuse_not_proven, e.site,
                         "request '" + e.name + "' (" + std::to_string(e.bytes) + " B) grew the region: " + why,
                         "record an event on the releasing stream after the release and make this request's stream "
@@ -532,8 +577,8 @@ void ArenaCore::debug_reuse_not_proven(SessionState& st, const PlanEntry& e, con
 
 // ---- graph hooks ---------------------------------------------------------------------------------
 
-void debug_graph_created(GraphState& g, std::size_t report_mark) {
-  ArenaCore& core = *g.core;
+void DebugObserver::graph_created(SessionState& st, GraphState& g) {
+  const std::size_t report_mark = st.report_mark;
   g.dbg_id = next_graph_id.fetch_add(1);
   link_captured_eager(core, g);
   // The capture's report: its own findings, plus external ones (CUPTI) made while it ran.
@@ -558,14 +603,13 @@ void debug_graph_created(GraphState& g, std::size_t report_mark) {
                graph_label(g).c_str(), g.plan.entries().size(), static_cast<unsigned long long>(g.plan.bytes()),
                static_cast<unsigned long long>(g.plan.peak_live_bytes()),
                g.plan.guard_count(), n, body.c_str());
-  if (core.nvtx_on) {
+  if (nvtx_on) {
     std::lock_guard lk(core.lock);
     if (!g.family->nvtx_owner) nvtx_register_graph(core, g);
   }
 }
 
-void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::source_location& loc) {
-  ArenaCore& core = *g.core;
+void DebugObserver::replay_begin(GraphState& g, Stream s, void* last_stream, const std::source_location& loc) {
   Family& f = *g.family;
   if (last_stream && last_stream != stream_tag(s)) {
     debug::report_finding(
@@ -589,7 +633,7 @@ void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::
     }
     if (!g.armed) arm_graph(g, s);
   }
-  if (core.nvtx_on && !g.nvtx_registered) {
+  if (nvtx_on && !g.nvtx_registered) {
     std::lock_guard lk(core.lock);
     if (f.nvtx_owner) nvtx_unregister_graph(core, *f.nvtx_owner);
     nvtx_register_graph(core, g);
@@ -597,8 +641,7 @@ void debug_before_launch(GraphState& g, Stream s, void* last_stream, const std::
   f.dbg_last_graph = &g;
 }
 
-void debug_after_launch(GraphState& g, Stream s) {
-  ArenaCore& core = *g.core;
+void DebugObserver::replay_end(GraphState& g, Stream s) {
   ++g.replays;
   g.dbg_stream = stream_tag(s);
   if (core.guard_bytes && core.opts.canaries && g.armed) {
@@ -607,12 +650,11 @@ void debug_after_launch(GraphState& g, Stream s) {
   }
 }
 
-void debug_graph_destroyed(GraphState& g) noexcept {
-  ArenaCore& core = *g.core;
+void DebugObserver::graph_destroyed(GraphState& g) noexcept {
   std::lock_guard lk(core.lock);
   if (g.nvtx_registered) nvtx_unregister_graph(core, g);
   if (g.family->dbg_last_graph == &g) g.family->dbg_last_graph = nullptr;
-  for (auto& [addr, eg] : core.eager_guards)
+  for (auto& [addr, eg] : eager_guards)
     std::erase_if(eg.captured_by, [&](const auto& c) { return c.first == &g; });
 }
 
@@ -801,8 +843,8 @@ void graph_pointers(void* graph, std::vector<CapturedPointer>& out) {
 namespace debug {
 
 void captured_pointer(Arena& arena, Stream s, const void* p, std::string_view what, std::source_location loc) {
-  detail::ArenaCore& core = arena.core();
-  if (!core.opts.debug) return;
+  detail::ArenaCore& core = detail::core_of(arena);
+  if (!core.debug) return;
   detail::SessionState* st = core.session_for(s);
   if (!st)
     throw capture_state_error("graphsafe: debug::captured_pointer(" + detail::hex_ptr(p) + (what.empty() ? "" : ", '") +
@@ -816,11 +858,11 @@ void captured_pointer(Arena& arena, Stream s, const void* p, std::string_view wh
 }
 
 std::vector<Finding> check_canaries(CapturedGraph& graph, Stream s) {
-  detail::GraphState* g = graph.impl();
+  detail::GraphState* g = detail::impl_of(graph);
   if (!g || (!g->handle.exec && !g->handle.graph))
     throw capture_state_error("graphsafe: check_canaries on a graph that was moved from or destroyed");
   detail::ArenaCore& core = *g->core;
-  if (!core.opts.debug || !core.guard_bytes || !core.opts.canaries) return {};
+  if (!core.debug || !core.guard_bytes || !core.opts.canaries) return {};
   // Another graph of the family replayed since: the guards are its to write (it re-arms them).
   if (g->family->dbg_last_graph != g) return {};
   // Virtual growth: a shrink unmapped the guards since the last replay -- nothing left to read.

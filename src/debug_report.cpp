@@ -3,6 +3,8 @@
 #include <graphsafe/debug.hpp>
 #include <graphsafe/error.hpp>
 
+#include "environment.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cctype>
@@ -12,11 +14,6 @@
 #include <mutex>
 
 namespace graphsafe {
-namespace detail {
-
-bool debug_env_default() noexcept { return debug::env_enabled(); }
-
-}  // namespace detail
 
 namespace debug {
 
@@ -26,12 +23,12 @@ class Report {
  public:
   ~Report() {
     // GRAPHSAFE_DEBUG_REPORT=path: write at exit. Never throw from a static destructor.
-    const char* path = std::getenv("GRAPHSAFE_DEBUG_REPORT");
-    if (!path || !*path) return;
     try {
+      const std::string path = detail::env::debug_report_path();
+      if (path.empty()) return;
       std::ofstream f(path);
       if (f) f << json();
-      if (!f) std::fprintf(stderr, "graphsafe: cannot write the debug report to %s\n", path);
+      if (!f) std::fprintf(stderr, "graphsafe: cannot write the debug report to %s\n", path.c_str());
     } catch (...) {
     }
   }
@@ -84,11 +81,11 @@ Report& report() {
 }  // namespace
 
 bool env_enabled() noexcept {
-  const char* v = std::getenv("GRAPHSAFE_DEBUG");
-  if (!v) return false;
-  std::string s(v);
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return !(s.empty() || s == "0" || s == "false" || s == "off" || s == "no");
+  try {
+    return detail::env::debug();
+  } catch (...) {
+    return false;  // no memory to read it: as if unset
+  }
 }
 
 void report_finding(Finding f) { report().add(std::move(f)); }

@@ -522,19 +522,20 @@ Extent fold(Op op, Symbol batch, const std::function<Extent(const Extent&)>& bod
   e.len = batch.length().id();
   const Extent element = ExtentNode::make(std::move(e));
   const Extent b = body(element);
-  if (contains_fold(b.node()))
+  const ExtentNode& bn = *ExtentNode::ptr(b);
+  if (contains_fold(bn))
     throw invalid_argument_error("graphsafe: nested sum_over/max_over is not supported (batch '" + batch.name() +
                                  "'); fold each batch separately and combine the results");
-  if (b.node().elem && b.node().elem_of != batch.id())
+  if (bn.elem && bn.elem_of != batch.id())
     throw invalid_argument_error("graphsafe: the body of a sum_over/max_over over '" + batch.name() +
-                                 "' uses the element of batch symbol '" + sym_of(b.node().elem_of).name() +
+                                 "' uses the element of batch symbol '" + sym_of(bn.elem_of).name() +
                                  "', which escaped its own fold; it would read '" + batch.name() +
                                  "' values in its place -- fold each batch separately and combine the results");
   ExtentNode f{op, 0, batch.id(), ExtentNode::ptr(b), nullptr};
   f.dyn = true;
   f.len = batch.length().id();
-  f.mono_body = op == Op::max_over && monotone_node(b.node());
-  if (op == Op::sum) f.chain_ok = compile_chain(b.node(), f.chain);
+  f.mono_body = op == Op::max_over && monotone_node(bn);
+  if (op == Op::sum) f.chain_ok = compile_chain(bn, f.chain);
   return ExtentNode::make(std::move(f));
 }
 }  // namespace

@@ -1,6 +1,8 @@
 #include <graphsafe/error.hpp>
 #include <graphsafe/host_backend.hpp>
 
+#include "environment.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -346,13 +348,13 @@ std::vector<std::uint32_t> replay_order(const detail::HostCapture& c) {
 
 // GRAPHSAFE_HOST_EXECUTION: "synchronous", "seeded" or "seeded:<seed>".
 HostExecution execution_from_environment(std::uint64_t& seed) {
-  const char* v = std::getenv("GRAPHSAFE_HOST_EXECUTION");
-  if (!v || !*v || std::string_view(v) == "synchronous") return HostExecution::synchronous;
+  const std::string v = detail::env::host_execution();
+  if (v.empty() || v == "synchronous") return HostExecution::synchronous;
   const std::string_view s(v);
   if (s == "seeded") return HostExecution::seeded;
   if (s.starts_with("seeded:") && s.size() > 7) {
     char* end = nullptr;
-    const unsigned long long n = std::strtoull(v + 7, &end, 0);
+    const unsigned long long n = std::strtoull(v.c_str() + 7, &end, 0);
     if (end && *end == '\0') {
       seed = n;
       return HostExecution::seeded;

@@ -1,5 +1,7 @@
 #include <graphsafe/plan.hpp>
 
+#include "refuse_replay.hpp"
+
 #include <algorithm>
 #include <sstream>
 
@@ -92,7 +94,7 @@ void Plan::enforce(const Bindings& b) const {
   auto v = check(b);
   if (v.empty()) return;
   std::ostringstream os;
-  os << "graphsafe: replay refused before launch: " << v.size() << " guard" << (v.size() > 1 ? "s" : "") << " failed\n";
+  os << v.size() << " guard" << (v.size() > 1 ? "s" : "") << " failed\n";
   for (const auto& g : v) {
     if (g.policy == "static") {
       os << "  - " << g.symbols << "\n";
@@ -103,7 +105,7 @@ void Plan::enforce(const Bindings& b) const {
   }
   os << "  fix: size these requests with capacity_bound or static_query_bound, or re-capture at a larger "
         "bucket (CaptureOptions::recapture)";
-  throw guard_failure(os.str(), std::move(v));
+  detail::refuse_replay(os.str(), std::move(v));
 }
 
 std::string Plan::report() const {
@@ -123,3 +125,11 @@ std::string Plan::report() const {
 }
 
 }  // namespace graphsafe
+
+namespace graphsafe::detail {
+
+void refuse_replay(const std::string& why, std::vector<GuardViolation> violations) {
+  throw guard_failure("graphsafe: replay refused before launch: " + why, std::move(violations));
+}
+
+}  // namespace graphsafe::detail

@@ -1,5 +1,6 @@
 // Virtual growth: see virtual_commit.hpp and docs/virtual_growth.md.
 #include "virtual_commit.hpp"
+#include "refuse_replay.hpp"
 
 #include "arena_core.hpp"
 
@@ -31,11 +32,10 @@ std::uint64_t mul_bytes(std::int64_t elems, std::uint64_t element_bytes, const s
   v.reserved = static_cast<std::int64_t>(it.bytes / it.element_bytes);
   v.symbols = values;
   std::string where = request >= 0 ? " for request " + std::to_string(request) : std::string();
-  throw guard_failure("graphsafe: replay refused before launch: the footprint of '" + it.name + "'" + where +
-                          " reaches element " + std::to_string(v.required) + " but the capture reserved " +
-                          std::to_string(v.reserved) + " elements of address space (" + values +
-                          "); the footprint is wrong or the request's bound is too small",
-                      {v});
+  refuse_replay("the footprint of '" + it.name + "'" + where + " reaches element " + std::to_string(v.required) +
+                    " but the capture reserved " + std::to_string(v.reserved) + " elements of address space (" +
+                    values + "); the footprint is wrong or the request's bound is too small",
+                {v});
 }
 
 // Evaluates per-request lengths: the bindings of the replay with the element symbol set.
@@ -68,7 +68,7 @@ VirtualFamily::~VirtualFamily() {
     unmap_except({});
   } catch (...) {
   }
-  if (auto c = core.lock(); c && c->opts.debug) c->debug_slab_removed(base);
+  if (auto c = core.lock(); c && c->observer) c->observer->slab_removed(base);
   if (vm && base) vm->unreserve(base, va_bytes);
 }
 
@@ -295,10 +295,10 @@ void commit_prefix(VirtualFamily& f, VirtualItem& it, const Bindings& b) {
 std::span<const std::int64_t> batch_values(const VirtualItem& it, const Bindings& b) {
   const auto v = b.values(*it.batch);
   if (v.size() != it.count)
-    throw guard_failure("graphsafe: replay refused before launch: '" + it.name + "' was captured for " +
-                            std::to_string(it.count) + " requests of " + it.batch->name() + " but the bindings have " +
-                            std::to_string(v.size()) + "; replay the graph captured for this batch",
-                        {});
+    refuse_replay("'" + it.name + "' was captured for " + std::to_string(it.count) + " requests of " +
+                      it.batch->name() + " but the bindings have " + std::to_string(v.size()) +
+                      "; replay the graph captured for this batch",
+                  {});
   return v;
 }
 
@@ -469,9 +469,9 @@ void virtual_begin_session(ArenaCore& core, SessionState& st) {
           want /= 2;
         }
       }
-      if (core.opts.debug) {
+      if (core.observer) {
         std::lock_guard g(core.lock);
-        core.debug_slab_added(vf->base, vf->va_bytes, /*nvtx_heap=*/false);
+        core.observer->slab_added(vf->base, vf->va_bytes, /*heap=*/false);
       }
       f.virt = std::move(vf);
       std::lock_guard g(core.virt->m);

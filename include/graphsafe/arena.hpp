@@ -39,7 +39,7 @@ class VirtualMemory;  // graphsafe/virtual_memory.hpp
 namespace detail {
 class ArenaCore;
 struct Family;
-bool debug_env_default() noexcept;  // GRAPHSAFE_DEBUG (graphsafe/debug.hpp)
+struct InternalAccess;  // the library's own sources reach the private state through it
 }  // namespace detail
 
 inline constexpr std::uint64_t kAlignment = 256;
@@ -69,10 +69,11 @@ struct ArenaOptions {
   // way, and refuse requests on streams captured outside graphsafe. Costs ~60 ns per request on an
   // H200; the debug mode turns it on.
   bool always_check_capture = false;
-  // Debug mode (include/graphsafe/debug.hpp, docs/debug_mode.md). Defaults to the GRAPHSAFE_DEBUG
-  // environment variable. Turns on always_check_capture, the debug report, canaries and NVTX
+  // Debug mode (include/graphsafe/debug.hpp, docs/debug_mode.md). Also on for every arena when the
+  // GRAPHSAFE_DEBUG environment variable is set (read when the arena is made; docs/concepts.md,
+  // "Configuration"). Turns on always_check_capture, the debug report, canaries and NVTX
   // registration. Off, it costs one predictable branch per request and per replay.
-  bool debug = detail::debug_env_default();
+  bool debug = false;
   // Debug mode: guard region behind every workspace (bytes; 0 = none; at most 1 GiB).
   std::uint64_t canary_bytes = 256;
   // Debug mode: fill the guard regions with a pattern and check them. Off keeps the (unregistered)
@@ -119,8 +120,6 @@ struct ArenaStats {
 // They share one region sized by their largest plan.
 class CaptureFamily {
  public:
-  explicit CaptureFamily(std::shared_ptr<detail::Family> f) : f_(std::move(f)) {}  // use Arena::family
-  const std::shared_ptr<detail::Family>& impl() const { return f_; }
   const std::string& name() const;
   std::uint64_t region_bytes() const;   // current size of the shared region
   std::uint64_t graphs() const;         // live graphs of the family
@@ -129,6 +128,8 @@ class CaptureFamily {
   std::uint64_t peak_live_bytes() const;    // lower bound on the region: the largest plan's peak live bytes
 
  private:
+  friend struct detail::InternalAccess;
+  explicit CaptureFamily(std::shared_ptr<detail::Family> f) : f_(std::move(f)) {}  // made by Arena::family
   std::shared_ptr<detail::Family> f_;
 };
 
@@ -183,9 +184,8 @@ class Arena {
   Backend& backend() const;
   const ArenaOptions& options() const;
 
-  detail::ArenaCore& core() const { return *core_; }
-
  private:
+  friend struct detail::InternalAccess;
   std::shared_ptr<detail::ArenaCore> core_;
 };
 

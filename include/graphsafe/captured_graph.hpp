@@ -105,9 +105,8 @@ class CapturedGraph {
   std::uint64_t recaptures() const;
   CaptureFamily family() const;
   const GraphHandle& handle() const;
-  detail::GraphState* impl() const noexcept { return state_.get(); }  // internal (debug mode)
-
  private:
+  friend struct detail::InternalAccess;
   friend class CaptureSession;
   template <class Fn>
   friend CapturedGraph capture(Arena&, Stream, const Bindings&, Fn&&, CaptureOptions);

@@ -20,9 +20,9 @@ struct CudaBackendOptions {
   std::uint64_t release_threshold = ~0ull;  // pool keeps freed slabs cached (cudaMemPoolAttrReleaseThreshold)
   std::uint64_t pool_max_bytes = 0;    // 0: no cap; else cudaMemPoolProps::maxSize (tests of OOM)
   // Slabs from cudaMalloc instead of the stream-ordered pool. compute-sanitizer accepts NVTX heap
-  // registrations (debug mode's per-workspace regions) only on such allocations; the default
-  // follows GRAPHSAFE_DEBUG.
-  bool plain_allocations = std::getenv("GRAPHSAFE_DEBUG") && std::getenv("GRAPHSAFE_DEBUG")[0] == '1';
+  // registrations (debug mode's per-workspace regions) only on such allocations. Also on when
+  // GRAPHSAFE_DEBUG=1 (read when the backend is made; docs/concepts.md, "Configuration").
+  bool plain_allocations = false;
 };
 
 // Throws cuda_error naming the call and the CUDA error; used by every CUDA call in graphsafe.

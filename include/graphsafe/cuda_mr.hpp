@@ -76,7 +76,7 @@ class ArenaResource {
   }
 
   friend bool operator==(const ArenaResource& a, const ArenaResource& b) noexcept {
-    return &a.arena_->core() == &b.arena_->core();
+    return a.arena_ == b.arena_;  // an arena is neither copied nor moved: one object, one pool
   }
   friend bool operator!=(const ArenaResource& a, const ArenaResource& b) noexcept { return !(a == b); }
 
@@ -112,7 +112,7 @@ class thrust_allocator {
   void deallocate(char* p, std::size_t n) { arena_->deallocate(stream_, p, n); }
 
   friend bool operator==(const thrust_allocator& a, const thrust_allocator& b) noexcept {
-    return &a.arena_->core() == &b.arena_->core();
+    return a.arena_ == b.arena_;  // an arena is neither copied nor moved: one object, one pool
   }
   friend bool operator!=(const thrust_allocator& a, const thrust_allocator& b) noexcept { return !(a == b); }
 

@@ -66,8 +66,6 @@ class Extent {
   std::size_t hash() const;
   friend bool same_expression(const Extent& a, const Extent& b);
 
-  const detail::ExtentNode& node() const { return *node_; }
-
  private:
   explicit Extent(std::shared_ptr<const detail::ExtentNode> n) : node_(std::move(n)) {}
   std::shared_ptr<const detail::ExtentNode> node_;

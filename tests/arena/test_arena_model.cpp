@@ -12,6 +12,7 @@
 #include <graphsafe/graphsafe.hpp>
 
 #include "arena_core.hpp"  // test-only: FreeList::for_each_block, to walk the blocks
+#include "internal_access.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -77,11 +78,11 @@ struct Walk {
 
 Walk walk(const Arena& arena) {
   Walk w;
-  const std::string consistency = arena.core().fl.validate();  // free tree order and byte count
+  const std::string consistency = detail::core_of(arena).fl.validate();  // free tree order and byte count
   if (!consistency.empty()) FAIL("free list: " << consistency);
   std::uintptr_t end = 0;
   const Block* prev = nullptr;
-  arena.core().fl.for_each_block([&](const Slab& s, const Block& b) {
+  detail::core_of(arena).fl.for_each_block([&](const Slab& s, const Block& b) {
     if (&b == &s.blocks.front()) {
       ++w.slabs;
       MODEL_REQUIRE(b.addr == s.addr);
@@ -221,7 +222,7 @@ class Harness {
     // The arena's blocks are exactly the model's ranges.
     const Walk w = walk(arena);
     MODEL_REQUIRE(w.slabs == st.slabs);
-    MODEL_REQUIRE(w.free_blocks == arena.core().fl.free_blocks());
+    MODEL_REQUIRE(w.free_blocks == detail::core_of(arena).fl.free_blocks());
     MODEL_REQUIRE(w.taken == model);
     // Nobody wrote over anybody: eager contents are intact (once the streams ran what they were given).
     backend.quiesce();
@@ -418,7 +419,7 @@ class Harness {
       idx = fams.size() - 1;
     }
     Fam& f = fams[idx];
-    REQUIRE(g->family().impl() == f.fam->impl());
+    REQUIRE(detail::impl_of(g->family()) == detail::impl_of(*f.fam));
     if (plan.bytes() > 0) {
       if (f.region > 0) REQUIRE(f.base == *base);  // the region never moves while a graph lives
       f.base = *base;
@@ -543,7 +544,7 @@ TEST_CASE("arena model: one stream coalesces completely without trim", "[arena][
   h.release_all();
   const ArenaStats st = h.arena.stats();
   CHECK(st.slabs > 0);
-  CHECK(h.arena.core().fl.free_blocks() == st.slabs);  // one free block per slab
+  CHECK(detail::core_of(h.arena).fl.free_blocks() == st.slabs);  // one free block per slab
   h.arena.trim(h.streams[0]);
   CHECK(h.arena.stats().slabs == 0);
   CHECK(h.backend.bytes_in_use() == 0);
@@ -890,8 +891,8 @@ namespace {
 // A thread's last release waits in its slot until its next request; put it in the free list's cache
 // (as stats() would, without flushing the cache) so the tests can look at the cache.
 void settle(Arena& a) {
-  std::lock_guard g(a.core().lock);
-  a.core().collect_deferred();
+  std::lock_guard g(detail::core_of(a).lock);
+  detail::core_of(a).collect_deferred();
 }
 
 // Host backend that counts the cross-stream orderings the arena asks for.
@@ -930,32 +931,32 @@ TEST_CASE("arena: a released block is re-served by size and stream, without orde
     first = a.data();
   }  // both released on s1: cached, not coalesced yet
   settle(arena);
-  CHECK(arena.core().fl.cached_blocks() == 2);
-  CHECK(arena.core().fl.validate().empty());
+  CHECK(detail::core_of(arena).fl.cached_blocks() == 2);
+  CHECK(detail::core_of(arena).fl.validate().empty());
   {
     auto a = arena.request(s1, "a", 3000, 1, capacity_bound, none);
     CHECK(a.data() == first);  // same size, same stream: the cached block
-    CHECK(arena.core().fl.cached_blocks() == 1);
+    CHECK(detail::core_of(arena).fl.cached_blocks() == 1);
     CHECK(backend.orderings == 0);
   }
-  CHECK(arena.core().fl.validate().empty());
+  CHECK(detail::core_of(arena).fl.validate().empty());
   // stats() reports the coalesced state: one free block, everything free.
   const ArenaStats st = arena.stats();
   CHECK(st.free_bytes == st.slab_bytes);
   CHECK(st.eager_bytes == 0);
-  CHECK(arena.core().fl.cached_blocks() == 0);
-  CHECK(arena.core().fl.free_blocks() == 1);
+  CHECK(detail::core_of(arena).fl.cached_blocks() == 0);
+  CHECK(detail::core_of(arena).fl.free_blocks() == 1);
   CHECK(walk(arena).fully_free_slabs == 1);
   // A block cached on s1 is not served to s2 from the cache (it would need ordering): s2 gets best fit.
   { auto a = arena.request(s1, "a", 3000, 1, capacity_bound, none); }
   settle(arena);
-  CHECK(arena.core().fl.cached_blocks() == 1);
+  CHECK(detail::core_of(arena).fl.cached_blocks() == 1);
   {
     auto c = arena.request(s2, "c", 3000, 1, capacity_bound, none);
-    CHECK(arena.core().fl.cached_blocks() == 1);
+    CHECK(detail::core_of(arena).fl.cached_blocks() == 1);
     CHECK(c.data() != first);
   }
-  CHECK(arena.core().fl.validate().empty());
+  CHECK(detail::core_of(arena).fl.validate().empty());
   CHECK(arena.stats().free_bytes == arena.stats().slab_bytes);
 }
 
@@ -970,7 +971,7 @@ TEST_CASE("arena: cached blocks never make the arena grow or a capture fail", "[
     auto b = arena.request(s, "b", Extent(static_cast<std::int64_t>(kMiB / 2 - 512)), 1, capacity_bound, none);
   }
   settle(arena);
-  CHECK(arena.core().fl.cached_blocks() == 2);
+  CHECK(detail::core_of(arena).fl.cached_blocks() == 2);
   // No free block fits 2 MiB until the cached halves coalesce: the miss flushes the cache.
   {
     auto whole = arena.request(s, "whole", Extent(static_cast<std::int64_t>(2 * kMiB)), 1, capacity_bound, none);
@@ -980,7 +981,7 @@ TEST_CASE("arena: cached blocks never make the arena grow or a capture fail", "[
   // A capture takes the largest (coalesced) block even when the last releases were cached.
   { auto a = arena.request(s, "a", 4096, 1, capacity_bound, none); }
   settle(arena);
-  CHECK(arena.core().fl.cached_blocks() == 1);
+  CHECK(detail::core_of(arena).fl.cached_blocks() == 1);
   auto g = capture(arena, s, none, [&](const Bindings& bb) {
     auto w = arena.request(s, "w", Extent(static_cast<std::int64_t>(2 * kMiB - 256)), 1, capacity_bound, bb);
     CHECK(w.captured());
@@ -995,8 +996,8 @@ TEST_CASE("arena: raw blocks stay indexed while cached and a double release is s
   arena.reserve(4 * kMiB, s);
   void* p = arena.allocate(s, 1000);
   arena.deallocate(s, p, 1000);
-  CHECK(arena.core().fl.cached_blocks() == 1);
-  CHECK(arena.core().fl.validate().empty());
+  CHECK(detail::core_of(arena).fl.cached_blocks() == 1);
+  CHECK(detail::core_of(arena).fl.validate().empty());
   CHECK_THROWS_WITH(arena.deallocate(s, p, 1000), Contains("double release"));
   void* q = arena.allocate(s, 1000);
   CHECK(q == p);  // re-served from the cache (still indexed)
@@ -1006,13 +1007,13 @@ TEST_CASE("arena: raw blocks stay indexed while cached and a double release is s
   {
     auto w = arena.request(s, "w", 1024, 1, capacity_bound, Bindings());
     CHECK(w.data() == p);
-    CHECK(arena.core().fl.validate().empty());
+    CHECK(detail::core_of(arena).fl.validate().empty());
     CHECK_THROWS_WITH(arena.deallocate(s, p, 1000), Contains("double release"));
   }
-  CHECK(arena.core().fl.validate().empty());
+  CHECK(detail::core_of(arena).fl.validate().empty());
   const ArenaStats st = arena.stats();
   CHECK(st.free_bytes == st.slab_bytes);
-  CHECK(arena.core().fl.validate().empty());
+  CHECK(detail::core_of(arena).fl.validate().empty());
 }
 
 TEST_CASE("arena: a release parked in another thread's slot is never lost", "[arena][cache][concurrency]") {
@@ -1051,13 +1052,13 @@ TEST_CASE("arena: a release parked in another thread's slot is never lost", "[ar
   std::thread u([&] { auto w = arena.request(s, "u", whole, 1, capacity_bound, none); });
   u.join();
   {
-    std::lock_guard g(arena.core().lock);
-    CHECK(arena.core().eager_blocks == 0);
-    CHECK(arena.core().deferred_slots.size() == 1);  // main's; t's and u's were dropped when they exited
+    std::lock_guard g(detail::core_of(arena).lock);
+    CHECK(detail::core_of(arena).eager_blocks == 0);
+    CHECK(detail::core_of(arena).deferred_slots.size() == 1);  // main's; t's and u's were dropped when they exited
   }
   const ArenaStats st = arena.stats();
   CHECK(st.free_bytes == st.slab_bytes);
-  CHECK(arena.core().fl.validate().empty());
+  CHECK(detail::core_of(arena).fl.validate().empty());
 }
 
 TEST_CASE("arena: the cache follows a moving working set of sizes", "[arena][cache]") {
@@ -1077,10 +1078,10 @@ TEST_CASE("arena: the cache follows a moving working set of sizes", "[arena][cac
       CHECK(again.data() == first);
     }
   settle(arena);
-  CHECK(arena.core().fl.cached_blocks() <= 128);
-  CHECK(arena.core().fl.validate().empty());
+  CHECK(detail::core_of(arena).fl.cached_blocks() <= 128);
+  CHECK(detail::core_of(arena).fl.validate().empty());
   const ArenaStats st = arena.stats();
   CHECK(st.free_bytes == st.slab_bytes);
-  CHECK(arena.core().fl.free_blocks() == 1);
+  CHECK(detail::core_of(arena).fl.free_blocks() == 1);
   CHECK(backend.slab_allocations() == 1);
 }

@@ -16,6 +16,7 @@
 
 #include "../support/forwarding_backend.hpp"
 #include "arena_core.hpp"
+#include "internal_access.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -35,7 +36,7 @@ namespace {
 
 constexpr std::uint64_t kMiB = 1ull << 20;
 
-std::string arena_label(const Arena& a) { return "arena #" + std::to_string(a.core().id); }
+std::string arena_label(const Arena& a) { return "arena #" + std::to_string(detail::core_of(a).id); }
 
 // what() of the graphsafe error `f` throws as E; fails the test when it throws nothing or another type.
 template <class E>
@@ -98,8 +99,8 @@ TEST_CASE("misuse: a capture family made by one arena is refused by another, nam
   // Nothing moved: neither arena's books, nor the graph of the family's own arena.
   CHECK(same_stats(a_before, a.stats()));
   CHECK(same_stats(b_before, b.stats()));
-  CHECK(a.core().fl.validate().empty());
-  CHECK(b.core().fl.validate().empty());
+  CHECK(detail::core_of(a).fl.validate().empty());
+  CHECK(detail::core_of(b).fl.validate().empty());
   CHECK_FALSE(s.capturing());
   CHECK(fam.graphs() == 1);
   ga.replay(sc.bind, s);
@@ -320,7 +321,7 @@ TEST_CASE("misuse: trim() that fails to free one slab keeps it and frees the oth
   CHECK(arena.stats().slab_bytes == backend.host.bytes_in_use());
   CHECK(arena.stats().slabs == 1);
   CHECK(arena.stats().free_bytes == arena.stats().slab_bytes);
-  CHECK(arena.core().fl.validate().empty());
+  CHECK(detail::core_of(arena).fl.validate().empty());
   const std::uint64_t allocations = backend.host.slab_allocations();
   { auto w = arena.request(s, "again", Extent(static_cast<std::int64_t>(kMiB)), 1, capacity_bound, Bindings()); }
   CHECK(backend.host.slab_allocations() == allocations);
@@ -353,7 +354,7 @@ TEST_CASE("misuse: a family's figures are read under the arena's lock", "[misuse
     {
       // While this thread holds the lock (as a capture or a graph's destruction would while changing
       // the family), the read must wait.
-      std::lock_guard lk(arena.core().lock);
+      std::lock_guard lk(detail::core_of(arena).lock);
       reader = std::thread([&] {
         value = read();
         done = true;

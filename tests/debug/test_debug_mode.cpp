@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -137,6 +138,35 @@ TEST_CASE("debug: ArenaOptions::debug turns on always_check_capture", "[debug]")
   off.debug = false;
   Arena plain(backend, off);
   CHECK_FALSE(plain.options().always_check_capture);
+}
+
+TEST_CASE("debug: GRAPHSAFE_DEBUG turns debug mode on when the arena is made, whatever its options say", "[debug]") {
+  const char* had = std::getenv("GRAPHSAFE_DEBUG");
+  const std::string saved = had ? had : "";
+  HostBackend backend;
+  ArenaOptions off;
+  off.debug = false;
+  // Values that leave it off, then values that turn it on (any case).
+  for (const char* v : {"", "0", "false", "OFF", "no"}) {
+    ::setenv("GRAPHSAFE_DEBUG", v, 1);
+    CHECK_FALSE(debug::env_enabled());
+    Arena a(backend, off);
+    CHECK_FALSE(a.options().debug);
+    CHECK_FALSE(a.options().always_check_capture);
+  }
+  for (const char* v : {"1", "yes", "True"}) {
+    ::setenv("GRAPHSAFE_DEBUG", v, 1);
+    CHECK(debug::env_enabled());
+    Arena a(backend, off);
+    CHECK(a.options().debug);
+    CHECK(a.options().always_check_capture);  // what debug mode turns on
+  }
+  // The option struct itself never reads it: a default-made one is off while the variable is on.
+  CHECK_FALSE(ArenaOptions{}.debug);
+  if (had)
+    ::setenv("GRAPHSAFE_DEBUG", saved.c_str(), 1);
+  else
+    ::unsetenv("GRAPHSAFE_DEBUG");
 }
 
 TEST_CASE_METHOD(SeedDebugArena, "debug: unbounded dynamic sizes and opaque requests in capture are reported with their sites", "[debug]") {

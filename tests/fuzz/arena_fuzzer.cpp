@@ -20,6 +20,7 @@
 #include <graphsafe/graphsafe.hpp>
 
 #include "arena_core.hpp"  // FreeList::for_each_block and the open sessions, to check invariants
+#include "internal_access.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -381,8 +382,8 @@ class Fuzz {
       bool skip = false;
       for (const Raw& y : raws_) skip |= y.p == p;
       {
-        std::lock_guard g(arena_.core().lock);
-        for (const detail::SessionState* s : arena_.core().sessions)
+        std::lock_guard g(detail::core_of(arena_).lock);
+        for (const detail::SessionState* s : detail::core_of(arena_).sessions)
           skip |= addr_of(p) >= s->base && addr_of(p) < s->base + s->limit;
       }
       const ArenaStats before = arena_.stats();
@@ -496,7 +497,7 @@ class Fuzz {
       ++wi;
     }
     if (!f.fam) f.fam = g->family();
-    FZ_CHECK(g->family().impl() == f.fam->impl());
+    FZ_CHECK(detail::impl_of(g->family()) == detail::impl_of(*f.fam));
     FZ_CHECK(wi == o.ws.size());
     if (plan.bytes() > 0) {
       FZ_CHECK(base.has_value());  // a zero-byte opaque request still takes 256 bytes of the region
@@ -671,9 +672,9 @@ class Fuzz {
       ++families;
     }
     {  // ranges the open sessions hold (the block they capture into, the block after a region)
-      std::lock_guard g(arena_.core().lock);
-      FZ_CHECK(arena_.core().sessions.size() == opens_.size());
-      for (const detail::SessionState* s : arena_.core().sessions) {
+      std::lock_guard g(detail::core_of(arena_).lock);
+      FZ_CHECK(detail::core_of(arena_).sessions.size() == opens_.size());
+      for (const detail::SessionState* s : detail::core_of(arena_).sessions) {
         for (const Block* b : {s->provisional, s->next_held})
           if (b) {
             add(b->addr, b->size, BlockState::held);
@@ -697,7 +698,7 @@ class Fuzz {
     std::uint64_t slabs = 0, free_blocks = 0, free_bytes = 0, largest = 0;
     std::uintptr_t at = 0;
     const Block* prev = nullptr;
-    arena_.core().fl.for_each_block([&](const Slab& s, const Block& b) {
+    detail::core_of(arena_).fl.for_each_block([&](const Slab& s, const Block& b) {
       if (&b == &s.blocks.front()) {
         ++slabs;
         FZ_CHECK(b.addr == s.addr);
@@ -721,7 +722,7 @@ class Fuzz {
     FZ_CHECK(slabs == st.slabs);
     FZ_CHECK(free_bytes == st.free_bytes);
     FZ_CHECK(largest == st.largest_free);
-    FZ_CHECK(free_blocks == arena_.core().fl.free_blocks());
+    FZ_CHECK(free_blocks == detail::core_of(arena_).fl.free_blocks());
     if (taken != model) {
       std::string d;
       for (const auto& [a, v] : taken)
