@@ -1,6 +1,7 @@
 // Errors are types: each says what went wrong, names the value and the limit, and what to do next.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -89,6 +90,34 @@ class guard_failure : public error {
 
  private:
   std::vector<GuardViolation> violations_;
+};
+
+// Ranks whose captured layouts differ (check_identical_layouts, graphsafe/plan_layout.hpp): what
+// differs first between rank 0 and `rank`. For a request, both ranks' request at `request`; when
+// one rank has fewer requests, its side is empty (name "", offset and bytes 0).
+struct LayoutMismatch {
+  enum class Field : std::uint8_t {
+    name, kind, offset, bytes, physical_offset, alignment,  // of request `request`
+    request_count, region_bytes, physical_bytes,
+  };
+  static constexpr std::size_t kNoRequest = ~std::size_t(0);
+  Field field = Field::name;
+  std::size_t rank = 0;                // first rank that differs from rank 0
+  std::size_t request = kNoRequest;    // index in capture order (request_count: the first extra one)
+  std::string name0, name_r;           // the request on rank 0 and on `rank`
+  std::string site0, site_r;
+  std::uint64_t offset0 = 0, offset_r = 0;
+  std::uint64_t bytes0 = 0, bytes_r = 0;
+  std::uint64_t value0 = 0, value_r = 0;  // the differing field's values (counts, sizes, ...)
+};
+
+class layout_mismatch_error : public error {
+ public:
+  layout_mismatch_error(const std::string& what, LayoutMismatch m) : error(what), mismatch_(std::move(m)) {}
+  const LayoutMismatch& mismatch() const noexcept { return mismatch_; }
+
+ private:
+  LayoutMismatch mismatch_;
 };
 
 }  // namespace graphsafe

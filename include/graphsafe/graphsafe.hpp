@@ -12,6 +12,7 @@
 #include <graphsafe/footprint.hpp>
 #include <graphsafe/host_backend.hpp>
 #include <graphsafe/plan.hpp>
+#include <graphsafe/plan_layout.hpp>
 #include <graphsafe/policies/capacity_bound.hpp>
 #include <graphsafe/policies/exact_at_capture.hpp>
 #include <graphsafe/policies/static_query_bound.hpp>

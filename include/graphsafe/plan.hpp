@@ -7,6 +7,7 @@
 #include <graphsafe/bindings.hpp>
 #include <graphsafe/error.hpp>
 #include <graphsafe/extent.hpp>
+#include <graphsafe/plan_layout.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -75,6 +76,9 @@ class Plan {
   void enforce(const Bindings& b) const;
   // Multi-line human report of the plan.
   std::string report() const;
+  // Where the plan put its workspaces (graphsafe/plan_layout.hpp): what tensor-parallel ranks
+  // compare to prove their captures laid out the same offsets.
+  PlanLayout layout() const;
 
   // Building (used by the capture session).
   void set_captured_bindings(const Bindings& b) { captured_ = b; }
