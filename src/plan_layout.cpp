@@ -80,7 +80,7 @@ std::string describe(bool has, const std::string& name, const std::string& site,
                      std::uint64_t bytes) {
   if (!has) return "no request";
   std::string s = "'" + name + "' at offset " + std::to_string(offset) + ", " + std::to_string(bytes) + " B";
-  if (!site.empty()) s += " (" + site + ")";
+  if (!site.empty()) s += ", at " + site;
   return s;
 }
 
