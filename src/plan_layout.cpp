@@ -72,6 +72,7 @@ const char* field_name(LayoutMismatch::Field f) {
     case LayoutMismatch::Field::request_count: return "request count";
     case LayoutMismatch::Field::region_bytes: return "region bytes";
     case LayoutMismatch::Field::physical_bytes: return "physical bytes";
+    case LayoutMismatch::Field::graph_count: return "graph count";
   }
   return "?";
 }
@@ -86,8 +87,13 @@ std::string describe(bool has, const std::string& name, const std::string& site,
 
 [[noreturn]] void raise(LayoutMismatch m) {
   std::ostringstream os;
-  os << "graphsafe: rank " << m.rank << "'s captured layout differs from rank 0's in its " << field_name(m.field);
+  os << "graphsafe: rank " << m.rank << "'s captured layout";
+  if (m.graph != LayoutMismatch::kNone && m.field != LayoutMismatch::Field::graph_count) os << " of graph " << m.graph;
+  os << " differs from rank 0's in its " << field_name(m.field);
   switch (m.field) {
+    case LayoutMismatch::Field::graph_count:
+      os << ": " << m.value0 << " graphs on rank 0, " << m.value_r << " on rank " << m.rank;
+      break;
     case LayoutMismatch::Field::region_bytes:
     case LayoutMismatch::Field::physical_bytes:
       os << ": " << m.value0 << " B on rank 0, " << m.value_r << " B on rank " << m.rank;
@@ -212,57 +218,83 @@ PlanLayout PlanLayout::deserialize(std::span<const std::uint64_t> words) {
   return l;
 }
 
+namespace {
+
+// The first difference of `b` from `a` (request fields, then count, region and physical size).
+bool first_difference(const PlanLayout& a, const PlanLayout& b, LayoutMismatch& m) {
+  using F = LayoutMismatch::Field;
+  const std::size_t common = std::min(a.requests.size(), b.requests.size());
+  for (std::size_t i = 0; i < common; ++i) {
+    const LayoutRequest& x = a.requests[i];
+    const LayoutRequest& y = b.requests[i];
+    F f;
+    std::uint64_t v0 = 0, vr = 0;
+    if (x.name != y.name) f = F::name;
+    else if (x.kind != y.kind) f = F::kind, v0 = std::uint64_t(x.kind), vr = std::uint64_t(y.kind);
+    else if (x.offset != y.offset) f = F::offset, v0 = x.offset, vr = y.offset;
+    else if (x.bytes != y.bytes) f = F::bytes, v0 = x.bytes, vr = y.bytes;
+    else if (x.physical_offset != y.physical_offset) f = F::physical_offset, v0 = x.physical_offset, vr = y.physical_offset;
+    else if (x.alignment != y.alignment) f = F::alignment, v0 = x.alignment, vr = y.alignment;
+    else continue;
+    m.field = f;
+    m.request = i;
+    m.name0 = x.name, m.name_r = y.name;
+    m.site0 = x.site, m.site_r = y.site;
+    m.offset0 = x.offset, m.offset_r = y.offset;
+    m.bytes0 = x.bytes, m.bytes_r = y.bytes;
+    m.value0 = v0, m.value_r = vr;
+    return true;
+  }
+  if (a.requests.size() != b.requests.size()) {
+    m.field = F::request_count;
+    m.request = common;
+    m.value0 = a.requests.size(), m.value_r = b.requests.size();
+    if (common < a.requests.size()) {
+      const LayoutRequest& x = a.requests[common];
+      m.name0 = x.name, m.site0 = x.site, m.offset0 = x.offset, m.bytes0 = x.bytes;
+    } else {
+      const LayoutRequest& y = b.requests[common];
+      m.name_r = y.name, m.site_r = y.site, m.offset_r = y.offset, m.bytes_r = y.bytes;
+    }
+    return true;
+  }
+  if (a.region_bytes != b.region_bytes) {
+    m.field = F::region_bytes;
+    m.value0 = a.region_bytes, m.value_r = b.region_bytes;
+    return true;
+  }
+  if (a.physical_bytes != b.physical_bytes) {
+    m.field = F::physical_bytes;
+    m.value0 = a.physical_bytes, m.value_r = b.physical_bytes;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void check_identical_layouts(std::span<const PlanLayout> per_rank) {
-  if (per_rank.empty()) return;
-  const PlanLayout& a = per_rank[0];
   for (std::size_t rank = 1; rank < per_rank.size(); ++rank) {
-    const PlanLayout& b = per_rank[rank];
-    const std::size_t common = std::min(a.requests.size(), b.requests.size());
     LayoutMismatch m;
     m.rank = rank;
-    for (std::size_t i = 0; i < common; ++i) {
-      const LayoutRequest& x = a.requests[i];
-      const LayoutRequest& y = b.requests[i];
-      using F = LayoutMismatch::Field;
-      F f;
-      std::uint64_t v0 = 0, vr = 0;
-      if (x.name != y.name) f = F::name;
-      else if (x.kind != y.kind) f = F::kind, v0 = std::uint64_t(x.kind), vr = std::uint64_t(y.kind);
-      else if (x.offset != y.offset) f = F::offset, v0 = x.offset, vr = y.offset;
-      else if (x.bytes != y.bytes) f = F::bytes, v0 = x.bytes, vr = y.bytes;
-      else if (x.physical_offset != y.physical_offset) f = F::physical_offset, v0 = x.physical_offset, vr = y.physical_offset;
-      else if (x.alignment != y.alignment) f = F::alignment, v0 = x.alignment, vr = y.alignment;
-      else continue;
-      m.field = f;
-      m.request = i;
-      m.name0 = x.name, m.name_r = y.name;
-      m.site0 = x.site, m.site_r = y.site;
-      m.offset0 = x.offset, m.offset_r = y.offset;
-      m.bytes0 = x.bytes, m.bytes_r = y.bytes;
-      m.value0 = v0, m.value_r = vr;
-      raise(std::move(m));
+    if (first_difference(per_rank[0], per_rank[rank], m)) raise(std::move(m));
+  }
+}
+
+void check_identical_layouts(std::span<const std::vector<PlanLayout>> per_rank_graphs) {
+  for (std::size_t rank = 1; rank < per_rank_graphs.size(); ++rank) {
+    const auto& a = per_rank_graphs[0];
+    const auto& b = per_rank_graphs[rank];
+    LayoutMismatch m;
+    m.rank = rank;
+    for (std::size_t g = 0; g < std::min(a.size(), b.size()); ++g) {
+      m.graph = g;
+      if (first_difference(a[g], b[g], m)) raise(std::move(m));
     }
-    if (a.requests.size() != b.requests.size()) {
-      m.field = LayoutMismatch::Field::request_count;
-      m.request = common;
-      m.value0 = a.requests.size(), m.value_r = b.requests.size();
-      if (common < a.requests.size()) {
-        const LayoutRequest& x = a.requests[common];
-        m.name0 = x.name, m.site0 = x.site, m.offset0 = x.offset, m.bytes0 = x.bytes;
-      } else {
-        const LayoutRequest& y = b.requests[common];
-        m.name_r = y.name, m.site_r = y.site, m.offset_r = y.offset, m.bytes_r = y.bytes;
-      }
-      raise(std::move(m));
-    }
-    if (a.region_bytes != b.region_bytes) {
-      m.field = LayoutMismatch::Field::region_bytes;
-      m.value0 = a.region_bytes, m.value_r = b.region_bytes;
-      raise(std::move(m));
-    }
-    if (a.physical_bytes != b.physical_bytes) {
-      m.field = LayoutMismatch::Field::physical_bytes;
-      m.value0 = a.physical_bytes, m.value_r = b.physical_bytes;
+    if (a.size() != b.size()) {
+      m.field = LayoutMismatch::Field::graph_count;
+      m.graph = std::min(a.size(), b.size());
+      m.value0 = a.size(), m.value_r = b.size();
       raise(std::move(m));
     }
   }

@@ -99,11 +99,13 @@ struct LayoutMismatch {
   enum class Field : std::uint8_t {
     name, kind, offset, bytes, physical_offset, alignment,  // of request `request`
     request_count, region_bytes, physical_bytes,
+    graph_count,  // ranks captured different numbers of graphs (per-rank graph lists)
   };
-  static constexpr std::size_t kNoRequest = ~std::size_t(0);
+  static constexpr std::size_t kNone = ~std::size_t(0);
   Field field = Field::name;
-  std::size_t rank = 0;                // first rank that differs from rank 0
-  std::size_t request = kNoRequest;    // index in capture order (request_count: the first extra one)
+  std::size_t rank = 0;            // first rank that differs from rank 0
+  std::size_t graph = kNone;       // per-rank graph lists: the graph, in capture order
+  std::size_t request = kNone;     // index in capture order (request_count: the first extra one)
   std::string name0, name_r;           // the request on rank 0 and on `rank`
   std::string site0, site_r;
   std::uint64_t offset0 = 0, offset_r = 0;

@@ -73,5 +73,9 @@ inline std::uint64_t layout_digest(const PlanLayout& l) { return l.digest(); }
 // from rank 0's: its first differing request (index, name, site, offset and bytes on both ranks),
 // or else a differing request count, region or physical size. Sites are not compared.
 void check_identical_layouts(std::span<const PlanLayout> per_rank);
+// The same for ranks that each captured several graphs (a capture family's buckets): per rank, its
+// graphs' layouts in capture order. Graph g of every rank is compared with graph g of rank 0; the
+// error also names the graph, or a differing graph count.
+void check_identical_layouts(std::span<const std::vector<PlanLayout>> per_rank_graphs);
 
 }  // namespace graphsafe

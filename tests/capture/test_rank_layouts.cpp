@@ -147,7 +147,7 @@ TEST_CASE("ranks running the same capture get identical layouts, digests and ser
   }
   CHECK_NOTHROW(check_identical_layouts(layouts));
   CHECK_NOTHROW(check_identical_layouts(std::span<const PlanLayout>(layouts.data(), 1)));
-  CHECK_NOTHROW(check_identical_layouts({}));
+  CHECK_NOTHROW(check_identical_layouts(std::span<const PlanLayout>{}));
 
   // The graphs replay on every rank after the check.
   for (auto& r : ranks) r->graph->replay(Bindings{}, r->s);
@@ -246,7 +246,7 @@ TEST_CASE("layouts that differ only in region or physical size are named by it",
   b.region_bytes = 2048;
   auto e = mismatch_of({a, b});
   CHECK(e.mismatch().field == LayoutMismatch::Field::region_bytes);
-  CHECK(e.mismatch().request == LayoutMismatch::kNoRequest);
+  CHECK(e.mismatch().request == LayoutMismatch::kNone);
   CHECK(e.mismatch().value0 == 1280);
   CHECK(e.mismatch().value_r == 2048);
   CHECK_THAT(std::string(e.what()), Contains("region bytes: 1280 B on rank 0, 2048 B on rank 1"));
@@ -363,4 +363,61 @@ TEST_CASE("the layout digest is FNV-1a over the documented fields and changes wi
   PlanLayout moved = base;
   moved.requests[0].site = "/elsewhere/f.cpp:1";
   CHECK(moved.digest() == base.digest());
+}
+
+TEST_CASE("ranks capturing a family of buckets are compared graph by graph", "[rank_layouts]") {
+  const Symbol T = Symbol::fixed("tp_tokens");
+  // Each rank captures buckets of 8 and 16 tokens into one family; `wide_at` doubles the element
+  // size at that bucket (a rank-dependent shard).
+  auto rank_layouts = [&](std::int64_t wide_at, std::size_t buckets) {
+    HostBackend backend;
+    Arena arena(backend, ArenaOptions{.report_findings = false});
+    HostStream s;
+    arena.reserve(4 * kMiB, s);
+    CaptureOptions opts;
+    opts.family = arena.family("decode");
+    std::vector<CapturedGraph> graphs;
+    std::vector<PlanLayout> layouts;
+    for (std::int64_t tokens : std::vector<std::int64_t>{8, 16, 32}) {
+      if (graphs.size() == buckets) break;
+      Bindings b;
+      b.set(T, tokens);
+      graphs.push_back(capture(arena, s, b, [&](const Bindings& bb) {
+        auto x = arena.request(s, "hidden", Extent(T), tokens == wide_at ? 2048 : 1024, capacity_bound, bb);
+        auto y = arena.request(s, "logits", Extent(T), 512, capacity_bound, bb);
+      }, opts));
+      layouts.push_back(graphs.back().plan().layout());
+    }
+    return layouts;
+  };
+  const auto same = rank_layouts(0, 2);
+  REQUIRE(same.size() == 2);
+  // Bucket 16: hidden 16 KiB at 0, logits 8 KiB after it.
+  CHECK(same[1].requests[1].offset == 16 * 1024);
+  CHECK(same[1].requests[1].bytes == 8 * 1024);
+  CHECK_NOTHROW(check_identical_layouts(std::vector<std::vector<PlanLayout>>{same, rank_layouts(0, 2)}));
+
+  try {
+    check_identical_layouts(std::vector<std::vector<PlanLayout>>{same, same, rank_layouts(16, 2)});
+    FAIL("a rank with another size in its second bucket passed");
+  } catch (const layout_mismatch_error& e) {
+    CHECK(e.mismatch().rank == 2);
+    CHECK(e.mismatch().graph == 1);
+    CHECK(e.mismatch().request == 0);
+    CHECK(e.mismatch().field == LayoutMismatch::Field::bytes);
+    CHECK(e.mismatch().bytes0 == 16 * 1024);
+    CHECK(e.mismatch().bytes_r == 32 * 1024);
+    CHECK_THAT(std::string(e.what()), Contains("rank 2's captured layout of graph 1 differs"));
+  }
+  try {
+    check_identical_layouts(std::vector<std::vector<PlanLayout>>{same, rank_layouts(0, 3)});
+    FAIL("a rank with an extra bucket passed");
+  } catch (const layout_mismatch_error& e) {
+    CHECK(e.mismatch().rank == 1);
+    CHECK(e.mismatch().field == LayoutMismatch::Field::graph_count);
+    CHECK(e.mismatch().graph == 2);
+    CHECK(e.mismatch().value0 == 2);
+    CHECK(e.mismatch().value_r == 3);
+    CHECK_THAT(std::string(e.what()), Contains("graph count: 2 graphs on rank 0, 3 on rank 1"));
+  }
 }
