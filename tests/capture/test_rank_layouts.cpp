@@ -26,7 +26,8 @@ struct Step {
 
 struct Rank {
   HostBackend backend;
-  Arena arena{backend, ArenaOptions{.report_findings = false}};
+  // No guard regions even under GRAPHSAFE_DEBUG: the offsets below are worked out without them.
+  Arena arena{backend, ArenaOptions{.report_findings = false, .canary_bytes = 0}};
   HostStream s;
   std::vector<void*> ptrs;  // each request's address at capture, in order
   std::unique_ptr<CapturedGraph> graph;
@@ -371,7 +372,7 @@ TEST_CASE("ranks capturing a family of buckets are compared graph by graph", "[r
   // size at that bucket (a rank-dependent shard).
   auto rank_layouts = [&](std::int64_t wide_at, std::size_t buckets) {
     HostBackend backend;
-    Arena arena(backend, ArenaOptions{.report_findings = false});
+    Arena arena(backend, ArenaOptions{.report_findings = false, .canary_bytes = 0});
     HostStream s;
     arena.reserve(4 * kMiB, s);
     CaptureOptions opts;
