@@ -422,3 +422,57 @@ TEST_CASE("ranks capturing a family of buckets are compared graph by graph", "[r
     CHECK_THAT(std::string(e.what()), Contains("graph count: 2 graphs on rank 0, 3 on rank 1"));
   }
 }
+
+TEST_CASE("under virtual sharing the physical offsets are compared too", "[rank_layouts]") {
+  constexpr std::uint64_t kG = 64 << 10;  // host granule
+  // A rank with virtual growth: `a` is released before `b` is requested, so with sharing on `b`
+  // maps `a`'s physical chunk at addresses of its own.
+  struct VRank {
+    std::shared_ptr<HostVirtualMemory> vm = std::make_shared<HostVirtualMemory>(HostVirtualMemoryOptions{.granularity = kG});
+    HostBackend backend;
+    std::unique_ptr<Arena> arena;
+    HostStream s;
+    void* a_ptr = nullptr;
+    void* b_ptr = nullptr;
+    std::unique_ptr<CapturedGraph> graph;
+    explicit VRank(VirtualSharing sharing) {
+      ArenaOptions o;
+      o.virtual_memory = vm;
+      o.virtual_reserve_bytes = 64ull << 20;
+      o.virtual_sharing = sharing;
+      o.report_findings = false;
+      o.canary_bytes = 0;
+      arena = std::make_unique<Arena>(backend, o);
+      Bindings b;
+      graph = std::make_unique<CapturedGraph>(capture(*arena, s, b, [&](const Bindings& bb) {
+        {
+          auto a = arena->request(s, "a", Extent(std::int64_t(kG)), 1, capacity_bound, bb);
+          a_ptr = a.data();
+        }
+        auto w = arena->request(s, "b", Extent(std::int64_t(kG)), 1, capacity_bound, bb);
+        b_ptr = w.data();
+      }));
+    }
+  };
+  VRank r0(VirtualSharing::disjoint_lifetimes), r1(VirtualSharing::disjoint_lifetimes);
+  const PlanLayout l0 = r0.graph->plan().layout();
+  REQUIRE(l0.requests.size() == 2);
+  // Own addresses, one physical chunk (as the memory itself shows): the layout says the same.
+  CHECK(r0.a_ptr != r0.b_ptr);
+  CHECK(r0.vm->chunk_at(r0.b_ptr) == r0.vm->chunk_at(r0.a_ptr));
+  CHECK(l0.requests[0].offset != l0.requests[1].offset);
+  CHECK(l0.requests[1].physical_offset == l0.requests[0].physical_offset);
+  CHECK(l0.physical_bytes == kG);
+  CHECK_NOTHROW(check_identical_layouts(std::vector<PlanLayout>{l0, r1.graph->plan().layout()}));
+
+  // A rank configured without sharing: same addresses, other physical layout.
+  VRank off(VirtualSharing::off);
+  const PlanLayout lo = off.graph->plan().layout();
+  const auto e = mismatch_of({l0, lo});
+  CHECK(e.mismatch().rank == 1);
+  CHECK(e.mismatch().request == 1);
+  CHECK(e.mismatch().field == LayoutMismatch::Field::physical_offset);
+  CHECK(e.mismatch().value0 == l0.requests[0].physical_offset);
+  CHECK(e.mismatch().value_r == lo.requests[1].offset);
+  CHECK(e.mismatch().offset0 == e.mismatch().offset_r);
+}
