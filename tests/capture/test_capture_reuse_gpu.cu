@@ -13,39 +13,18 @@
 #include <vector>
 
 #include "../support/gpu_test_support.hpp"
+#include "../support/gpu_fill_check.cuh"
 
 using namespace graphsafe;
+using graphsafe_test::check;
 using graphsafe_test::DevBuf;
 using graphsafe_test::EventHolder;
+using graphsafe_test::fill;
+using graphsafe_test::join;
 using graphsafe_test::StreamHolder;
 
 namespace {
 
-__global__ void fill_kernel(std::uint32_t* p, std::size_t n, std::uint32_t v) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    p[i] = v;
-}
-
-__global__ void check_kernel(const std::uint32_t* p, std::size_t n, std::uint32_t v, unsigned long long* bad) {
-  unsigned long long mine = 0;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    mine += p[i] != v;
-  if (mine) atomicAdd(bad, mine);
-}
-
-void fill(const Workspace& w, std::uint32_t v, cudaStream_t s) {
-  fill_kernel<<<64, 256, 0, s>>>(w.as<std::uint32_t>(), w.bytes() / 4, v);
-  GRAPHSAFE_CUDA(cudaGetLastError());
-}
-void check(const Workspace& w, std::uint32_t v, unsigned long long* bad, cudaStream_t s) {
-  check_kernel<<<64, 256, 0, s>>>(w.as<std::uint32_t>(), w.bytes() / 4, v, bad);
-  GRAPHSAFE_CUDA(cudaGetLastError());
-}
-void join(cudaStream_t from, cudaStream_t to) {
-  EventHolder e;
-  GRAPHSAFE_CUDA(cudaEventRecord(e.e, from));
-  GRAPHSAFE_CUDA(cudaStreamWaitEvent(to, e.e, 0));
-}
 bool overlap(const Workspace& a, const Workspace& b) {
   auto x = reinterpret_cast<std::uintptr_t>(a.data()), y = reinterpret_cast<std::uintptr_t>(b.data());
   return x < y + b.bytes() && y < x + a.bytes();

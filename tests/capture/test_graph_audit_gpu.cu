@@ -16,41 +16,20 @@
 
 #include "../support/forced_reuse_backend.hpp"
 #include "../support/gpu_test_support.hpp"
+#include "../support/gpu_fill_check.cuh"
 
 using namespace graphsafe;
+using graphsafe_test::check;
 using graphsafe_test::DevBuf;
 using graphsafe_test::EventHolder;
+using graphsafe_test::fill;
+using graphsafe_test::fill_kernel;
+using graphsafe_test::join;
 using graphsafe_test::ForcedReuseBackend;
 using graphsafe_test::StreamHolder;
 using Catch::Contains;
 
 namespace {
-
-__global__ void fill_kernel(std::uint32_t* p, std::size_t n, std::uint32_t v) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    p[i] = v;
-}
-
-__global__ void check_kernel(const std::uint32_t* p, std::size_t n, std::uint32_t v, unsigned long long* bad) {
-  unsigned long long mine = 0;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    mine += p[i] != v;
-  if (mine) atomicAdd(bad, mine);
-}
-
-void fill(const Workspace& w, std::uint32_t v, cudaStream_t s) {
-  fill_kernel<<<64, 256, 0, s>>>(w.as<std::uint32_t>(), w.bytes() / 4, v);
-  GRAPHSAFE_CUDA(cudaGetLastError());
-}
-void check(const Workspace& w, std::uint32_t v, unsigned long long* bad, cudaStream_t s) {
-  check_kernel<<<64, 256, 0, s>>>(w.as<std::uint32_t>(), w.bytes() / 4, v, bad);
-  GRAPHSAFE_CUDA(cudaGetLastError());
-}
-void join(cudaStream_t from, cudaStream_t to) {
-  EventHolder e;
-  GRAPHSAFE_CUDA(cudaEventRecord(e.e, from));
-  GRAPHSAFE_CUDA(cudaStreamWaitEvent(to, e.e, 0));
-}
 
 std::vector<debug::Finding> unordered_reuse_findings() {
   std::vector<debug::Finding> out;
