@@ -30,6 +30,7 @@ HostBackendOptions checked(bool default_stream = false) {
                             .default_stream = default_stream};
 }
 
+using test::capture_writer;
 using test::write;
 
 std::string all(const std::vector<HostRace>& races) {
@@ -254,18 +255,6 @@ class ControlledBackend final : public Backend {
   bool stalled = false, other_launched = false;
 };
 
-// A graph of `fam` whose recorded work writes its whole workspace (the family's region).
-CapturedGraph capture_writer(Arena& arena, HostStream& s, CaptureFamily fam, unsigned char tag) {
-  CaptureOptions o;
-  o.family = fam;
-  return capture(
-      arena, s, Bindings{},
-      [&](const Bindings& b) {
-        auto w = arena.request(s, "state", 64 * 1024, 1, capacity_bound, b);
-        write(s, w.data(), w.bytes(), tag);
-      },
-      o);
-}
 }  // namespace
 
 TEST_CASE("ordering: two threads replaying graphs of one family run one after the other",

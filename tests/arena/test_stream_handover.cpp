@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "../support/forwarding_backend.hpp"
 #include "../support/stream_work.hpp"
 
 #include <atomic>
@@ -34,44 +35,22 @@ std::string all(const std::vector<HostRace>& races) {
   return s;
 }
 
+using test::capture_writer;
 using test::write;
 
 // A host backend that runs a hook once, right after it synchronized a chosen stream: what another
 // thread does while an arena call waits for that stream, made deterministic.
-class SyncHookBackend final : public Backend {
+class SyncHookBackend final : public graphsafe_test::ForwardingBackend {
  public:
-  explicit SyncHookBackend(HostBackendOptions o) : host(o) {}
-  std::string_view name() const override { return "host"; }
-  void* allocate_slab(std::uint64_t bytes, Stream s) override { return host.allocate_slab(bytes, s); }
-  void free_slab(void* p, std::uint64_t bytes, Stream s) override { host.free_slab(p, bytes, s); }
-  CaptureInfo capture_info(Stream s) const override { return host.capture_info(s); }
-  void begin_capture(Stream s, CaptureMode m) override { host.begin_capture(s, m); }
-  GraphHandle end_capture(Stream s) override { return host.end_capture(s); }
-  void abort_capture(Stream s) noexcept override { host.abort_capture(s); }
-  void destroy(GraphHandle& g) noexcept override { host.destroy(g); }
-  void launch(const GraphHandle& g, Stream s) override { host.launch(g, s); }
-  void order_after(Stream w, Stream p) override { host.order_after(w, p); }
+  using ForwardingBackend::ForwardingBackend;
   void synchronize(Stream s) override {
     host.synchronize(s);
     if (hook && s.handle() == hook_stream) std::exchange(hook, nullptr)();
   }
-  HostBackend host;
   void* hook_stream = nullptr;
   std::function<void()> hook;
 };
 
-// A graph of `fam` whose recorded work writes its whole workspace (the family's region).
-CapturedGraph capture_writer(Arena& arena, HostStream& s, CaptureFamily fam, unsigned char tag) {
-  CaptureOptions o;
-  o.family = fam;
-  return capture(
-      arena, s, Bindings{},
-      [&](const Bindings& b) {
-        auto w = arena.request(s, "state", 64 * 1024, 1, capacity_bound, b);
-        write(s, w.data(), w.bytes(), tag);
-      },
-      o);
-}
 }  // namespace
 
 TEST_CASE("handover: a graph captured while its family replayed on another stream follows that replay",

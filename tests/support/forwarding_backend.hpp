@@ -9,6 +9,7 @@ namespace graphsafe_test {
 class ForwardingBackend : public graphsafe::Backend {
  public:
   using Stream = graphsafe::Stream;
+  explicit ForwardingBackend(graphsafe::HostBackendOptions o = {}) : host(o) {}
   std::string_view name() const override { return "host"; }
   void* allocate_slab(std::uint64_t bytes, Stream s) override { return host.allocate_slab(bytes, s); }
   void free_slab(void* p, std::uint64_t bytes, Stream s) override { host.free_slab(p, bytes, s); }
