@@ -6,9 +6,15 @@ namespace graphsafe {
 namespace {
 // Notes are for plans and reports: built only when capturing, out of the eager path's frame.
 [[gnu::noinline, gnu::cold]] std::string capacity_note(const Extent& need) {
-  std::string note = "capacity bound of " + need.to_string();
+  std::string note = "capacity bound of ";
+  note += need.to_string();
   for (Symbol s : need.dynamic_symbols())
-    if (s.capacity()) note += "; " + s.name() + " <= " + std::to_string(*s.capacity());
+    if (const auto cap = s.capacity()) {
+      note += "; ";
+      note += s.name();
+      note += " <= ";
+      note += std::to_string(*cap);
+    }
   return note;
 }
 // The refusal names the request; out of line so the eager path's frame stays small.

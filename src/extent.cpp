@@ -3,6 +3,7 @@
 #include <graphsafe/extent.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -445,29 +446,52 @@ bool sum_chain(const ExtentNode& n, const Bindings& b, std::span<const std::int6
   return true;
 }
 
-std::string str(const ExtentNode& n) {
-  // Appended piece by piece: GCC 12's -Wrestrict misreads `"(" + std::string&&` (a false positive).
-  auto join = [](std::initializer_list<std::string_view> parts) {
-    std::string out;
-    for (std::string_view p : parts) out += p;
-    return out;
+// Appended into one string (to_string runs on every captured request: no temporaries).
+void str_into(const ExtentNode& n, std::string& out) {
+  auto bin = [&](std::string_view op) {
+    out += '(';
+    str_into(*n.a, out);
+    out += ' ';
+    out += op;
+    out += ' ';
+    str_into(*n.b, out);
+    out += ')';
   };
-  auto bin = [&](const char* op) { return join({"(", str(*n.a), " ", op, " ", str(*n.b), ")"}); };
-  auto fn = [&](const char* f) { return join({f, "(", str(*n.a), ", ", str(*n.b), ")"}); };
+  auto fn = [&](std::string_view f) {
+    out += f;
+    out += '(';
+    str_into(*n.a, out);
+    out += ", ";
+    str_into(*n.b, out);
+    out += ')';
+  };
+  auto unary = [&](std::string_view f) {
+    out += f;
+    str_into(*n.a, out);
+    out += ')';
+  };
   switch (n.op) {
-    case Op::constant: return std::to_string(n.value);
-    case Op::symbol: return sym_of(n.sym).name();
-    case Op::element: return sym_of(n.sym).name() + "[b]";
+    case Op::constant: {
+      char buf[24];
+      const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, n.value);
+      out.append(buf, end);
+      return;
+    }
+    case Op::symbol: out += sym_of(n.sym).name(); return;
+    case Op::element:
+      out += sym_of(n.sym).name();
+      out += "[b]";
+      return;
     case Op::add: return bin("+");
     case Op::mul: return bin("*");
     case Op::max: return fn("max");
     case Op::min: return fn("min");
     case Op::ceil_div: return fn("ceil_div");
     case Op::floor_div: return fn("floor_div");
-    case Op::sum: return join({"sum_b(", str(*n.a), ")"});
-    case Op::max_over: return join({"max_b(", str(*n.a), ")"});
+    case Op::sum: return unary("sum_b(");
+    case Op::max_over: return unary("max_b(");
   }
-  return "?";
+  out += '?';
 }
 
 std::size_t hash_node(const ExtentNode& n) {
@@ -604,7 +628,12 @@ bool Extent::monotone() const { return monotone_node(*node_); }
 bool Extent::is_static() const { return !depends_on_dynamic(*node_); }
 
 bool Extent::has_capacity_bound() const { return node_->mono && node_->capped; }
-std::string Extent::to_string() const { return str(*node_); }
+std::string Extent::to_string() const {
+  std::string out;
+  out.reserve(64);
+  str_into(*node_, out);
+  return out;
+}
 std::size_t Extent::hash() const { return hash_node(*node_); }
 bool same_expression(const Extent& a, const Extent& b) { return same_node(*a.node_, *b.node_); }
 
