@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <span>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,17 +22,22 @@ std::string site_of(const std::source_location& loc);  // src/arena.cpp
 // A capture under way: nodes (work with the ranges it declared) with their dependencies, the
 // streams that joined it.
 struct HostCapture {
-  struct Node {
-    HostWork work;
-    std::vector<std::uint32_t> deps;
-  };
+  // Dependencies of every node in one array (no allocation per launch): node i's are
+  // dep_list[dep_first[i], dep_first[i + 1]).
   std::uint64_t id = 0;
   HostStream* origin = nullptr;
-  std::vector<Node> nodes;
+  std::vector<HostWork> nodes;
+  std::vector<std::uint32_t> dep_first{0};
+  std::vector<std::uint32_t> dep_list;
   std::vector<HostStream*> joined;  // streams that joined through an event (the origin excluded)
 
-  std::uint32_t add(HostWork work, std::vector<std::uint32_t> deps) {
-    nodes.push_back({std::move(work), std::move(deps)});
+  std::span<const std::uint32_t> deps(std::uint32_t n) const {
+    return {dep_list.data() + dep_first[n], dep_first[n + 1] - dep_first[n]};
+  }
+  std::uint32_t add(HostWork work, const std::vector<std::uint32_t>& deps) {
+    nodes.push_back(std::move(work));
+    dep_list.insert(dep_list.end(), deps.begin(), deps.end());
+    dep_first.push_back(static_cast<std::uint32_t>(dep_list.size()));
     return static_cast<std::uint32_t>(nodes.size() - 1);
   }
   // Whether every node of `targets` is one of `from` or an ancestor of one.
@@ -45,7 +51,7 @@ struct HostCapture {
       if (seen[n]) continue;
       seen[n] = 1;
       std::erase(targets, n);
-      for (std::uint32_t d : nodes[n].deps) stack.push_back(d);
+      for (std::uint32_t d : deps(n)) stack.push_back(d);
     }
     return targets.empty();
   }
@@ -311,7 +317,10 @@ std::atomic<std::uint64_t> next_capture_id{1};
 // An instantiated host graph: the capture's nodes in one topological order.
 struct HostGraph {
   std::vector<HostWork> work;
-  std::vector<std::vector<std::uint32_t>> deps;  // per captured node (capture order): graph_topology
+  // Per captured node (capture order), for graph_topology: node i's dependencies are
+  // dep_list[dep_first[i], dep_first[i + 1]).
+  std::vector<std::uint32_t> dep_first;
+  std::vector<std::uint32_t> dep_list;
 };
 
 // Kahn's algorithm taking the most recently captured ready node first: concurrent branches run in
@@ -322,7 +331,7 @@ std::vector<std::uint32_t> replay_order(const detail::HostCapture& c) {
   // Successors in one array (offsets per node): no allocation per node.
   std::vector<std::uint32_t> first(n + 1, 0);
   for (std::uint32_t i = 0; i < n; ++i)
-    for (std::uint32_t d : c.nodes[i].deps) {
+    for (std::uint32_t d : c.deps(i)) {
       ++waiting[i];
       ++first[d + 1];
     }
@@ -330,7 +339,7 @@ std::vector<std::uint32_t> replay_order(const detail::HostCapture& c) {
   std::vector<std::uint32_t> succ(first[n]);
   std::vector<std::uint32_t> fill(first.begin(), first.end() - 1);
   for (std::uint32_t i = 0; i < n; ++i)
-    for (std::uint32_t d : c.nodes[i].deps) succ[fill[d]++] = i;
+    for (std::uint32_t d : c.deps(i)) succ[fill[d]++] = i;
   std::vector<std::uint32_t> ready, order;
   order.reserve(n);
   for (std::uint32_t i = 0; i < n; ++i)
@@ -500,9 +509,17 @@ GraphHandle HostBackend::end_capture(Stream s) {
                               "each and wait on it from the origin stream before ending); the capture is discarded");
   }
   auto* g = new HostGraph;
-  for (std::uint32_t i : replay_order(c)) g->work.push_back(std::move(c.nodes[i].work));
-  g->deps.reserve(c.nodes.size());
-  for (auto& node : c.nodes) g->deps.push_back(std::move(node.deps));
+  const std::vector<std::uint32_t> order = replay_order(c);
+  bool in_capture_order = true;  // a single stream's capture: the nodes move over as one vector
+  for (std::uint32_t k = 0; k < order.size() && in_capture_order; ++k) in_capture_order = order[k] == k;
+  if (in_capture_order) {
+    g->work = std::move(c.nodes);
+  } else {
+    g->work.reserve(order.size());
+    for (std::uint32_t i : order) g->work.push_back(std::move(c.nodes[i]));
+  }
+  g->dep_first = std::move(c.dep_first);
+  g->dep_list = std::move(c.dep_list);
   abort_capture(s);  // detaches the streams; the nodes' work has moved to the graph
   return {g, g};
 }
@@ -556,9 +573,10 @@ bool HostBackend::graph_topology(const GraphHandle& g, GraphTopology& out) const
   auto handle = [](std::uint32_t n) { return reinterpret_cast<const void*>(static_cast<std::uintptr_t>(n) + 1); };
   out.nodes.clear();
   out.edges.clear();
-  for (std::uint32_t n = 0; n < graph->deps.size(); ++n) {
+  for (std::uint32_t n = 0; n + 1 < graph->dep_first.size(); ++n) {
     out.nodes.push_back(handle(n));
-    for (std::uint32_t d : graph->deps[n]) out.edges.emplace_back(handle(d), handle(n));
+    for (std::uint32_t k = graph->dep_first[n]; k < graph->dep_first[n + 1]; ++k)
+      out.edges.emplace_back(handle(graph->dep_list[k]), handle(n));
   }
   return true;
 }
