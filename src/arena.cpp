@@ -6,6 +6,7 @@
 #include <graphsafe/error.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <exception>
 #include <mutex>
@@ -14,11 +15,20 @@ namespace graphsafe {
 namespace detail {
 
 std::string site_of(const std::source_location& loc) {
-  std::string f = loc.file_name();
-  if (auto slash = f.find_last_of('/'); slash != std::string::npos) f = f.substr(slash + 1);
-  std::string fn = loc.function_name();
-  if (fn.size() > 60) fn = fn.substr(0, 57) + "...";
-  return f + ":" + std::to_string(loc.line()) + " (" + fn + ")";
+  // Built on every captured request: one allocation, no temporaries.
+  std::string_view file = loc.file_name();
+  if (auto slash = file.find_last_of('/'); slash != std::string_view::npos) file.remove_prefix(slash + 1);
+  std::string_view fn = loc.function_name();
+  const bool cut = fn.size() > 60;
+  if (cut) fn = fn.substr(0, 57);
+  char line[16];
+  const auto [line_end, ec] = std::to_chars(line, line + sizeof line, loc.line());
+  std::string s;
+  s.reserve(file.size() + static_cast<std::size_t>(line_end - line) + fn.size() + 7);
+  s.append(file).append(1, ':').append(line, line_end).append(" (").append(fn);
+  if (cut) s.append("...");
+  s.append(1, ')');
+  return s;
 }
 
 void bad_byte_count(std::int64_t count, std::uint64_t element_bytes, std::string_view name) {
@@ -268,10 +278,6 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
   return b;
 }
 
-namespace {
-std::atomic<std::uint64_t> next_block_serial{1};
-}  // namespace
-
 std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
                                           std::string_view name, Stream s, std::uint64_t* serial,
                                           std::string* why_not) {
@@ -297,9 +303,9 @@ std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes,
   // released block leaves holds any later block that fits its size.
   const std::uint64_t taken = align_up(bytes, kAlignment);
   std::lock_guard g(st.planner_mutex);
-  auto ordered = [this](void* stream, const PlannedBlock& b) {
-    return b.position_known &&
-           backend.capture_ordered_after(Stream(static_cast<cudaStream_t>(stream)), b.release_position);
+  auto ordered = [this](void* stream, std::span<const void* const> position) {
+    const std::vector<const void*> before(position.begin(), position.end());
+    return backend.capture_ordered_after(Stream(static_cast<cudaStream_t>(stream)), before);
   };
   CapturePlanner::Choice c = st.planner.choose(taken, s.handle(), ordered, why_not != nullptr);
   std::uint64_t offset = c.offset;
@@ -316,10 +322,10 @@ std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes,
   if (why_not) *why_not = std::move(c.why_not);
   // Debug mode: where the request sits in the capture, for the graph audit at instantiation.
   if (why_not) c.request_known = backend.capture_dependencies(s, c.request_position);
-  const std::uint64_t id = taken ? next_block_serial.fetch_add(1, std::memory_order_relaxed) : 0;
-  if (serial) *serial = id;
   // The name only explains a reuse not proven (debug mode): not copied otherwise.
-  if (taken) st.planner.commit(std::move(c), id, st.plan.entries().size(), why_not ? std::string(name) : std::string());
+  const std::uint64_t id =
+      taken ? st.planner.commit(std::move(c), st.plan.entries().size(), why_not ? std::string(name) : std::string()) : 0;
+  if (serial) *serial = id;
   if (!st.virt) st.bump = std::max(st.bump, st.planner.region());
   return offset;
 }
@@ -327,19 +333,19 @@ std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes,
 void ArenaCore::release_captured(std::uint64_t serial, void* stream) noexcept {
   if (active_sessions.load(std::memory_order_acquire) == 0) return;  // the graph owns it now
   try {
-    thread_local std::vector<SessionState*> live;  // reused: no allocation per release
+    // Each planner's serials are its own range: the owner is found without asking any planner.
+    SessionState* owner = nullptr;
     {
       std::lock_guard g(lock);
-      live.assign(sessions.begin(), sessions.end());
+      for (SessionState* st : sessions)
+        if (st->planner.owns(serial)) owner = st;
     }
-    for (SessionState* st : live) {
-      std::lock_guard g(st->planner_mutex);
-      if (PlannedBlock* b = st->planner.live(serial)) {
-        std::vector<const void*> position;
-        const bool known = backend.capture_dependencies(Stream(static_cast<cudaStream_t>(stream)), position);
-        st->planner.release(*b, stream, std::move(position), known);
-        return;
-      }
+    if (!owner) return;
+    std::lock_guard g(owner->planner_mutex);
+    if (PlannedBlock* b = owner->planner.live(serial)) {
+      std::vector<const void*>& position = owner->planner.scratch();
+      const bool known = backend.capture_dependencies(Stream(static_cast<cudaStream_t>(stream)), position);
+      owner->planner.release(*b, stream, position, known);
     }
   } catch (...) {
     // The range stays reserved for the graph (as it would without reuse): nothing is lost.
@@ -372,9 +378,8 @@ void ArenaCore::capture_planned(SessionState& st) {
   keep_layout(st.family->layouts, p);  // packed offline only once a later capture follows it
 }
 
-void ArenaCore::record(SessionState& st, PlanEntry e, const SizingDecision& d, const Extent* need, const Bindings& b) {
+void ArenaCore::record(SessionState& st, PlanEntry e, SizingDecision& d, const Extent* need, const Bindings& b) {
   e.replay_safe = d.replay_safe;
-  e.note = d.note;
   if (need) {
     e.need = *need;
     e.needed_at_capture = need->evaluate(b);
@@ -389,6 +394,7 @@ void ArenaCore::record(SessionState& st, PlanEntry e, const SizingDecision& d, c
     if (opts.refuse_unsafe_capture) throw policy_refusal("graphsafe: capture refused: " + msg);
     st.plan.add_finding({e.name, e.site, std::move(msg)});
   }
+  e.note = std::move(d.note);  // the decision is the caller's, read no more
   if (observer) [[unlikely]] observer->captured_request(st, e);
   st.plan.add(std::move(e));
 }
@@ -397,7 +403,7 @@ Workspace ArenaCore::request(Stream s, std::string_view name, const Extent& need
                              const SizingPolicy& policy, const Bindings& b, const std::source_location& loc,
                              const Footprint* touched) {
   SessionState* st = session_for(s);
-  const SizingDecision d = policy.size(name, need, b, st != nullptr);
+  SizingDecision d = policy.size(name, need, b, st != nullptr);
   const std::uint64_t bytes = checked_bytes(d.count, element_bytes, name);
   if (!st) {
     if (bytes == 0) return make_workspace(nullptr, nullptr, 0, d.count, s, false);
@@ -411,7 +417,7 @@ Workspace ArenaCore::request(Stream s, std::string_view name, const Extent& need
 Workspace ArenaCore::request_captured(SessionState& st, Stream s, std::string_view name, const Extent& need,
                                       std::uint64_t element_bytes, const SizingPolicy& policy, const Bindings& b,
                                       const std::source_location& loc, const Footprint* touched,
-                                      const SizingDecision& d, std::uint64_t bytes) {
+                                      SizingDecision& d, std::uint64_t bytes) {
   // Debug mode: a guard region follows the workspace (guard_bytes is 0 otherwise).
   std::uint64_t serial = 0;
   std::string why_not;
@@ -438,7 +444,7 @@ Workspace ArenaCore::request_captured(SessionState& st, Stream s, std::string_vi
 std::int64_t ArenaCore::dimension(Stream s, std::string_view name, const Extent& need, const SizingPolicy& policy,
                                   const Bindings& b, const std::source_location& loc) {
   SessionState* st = session_for(s);
-  const SizingDecision d = policy.size(name, need, b, st != nullptr);
+  SizingDecision d = policy.size(name, need, b, st != nullptr);
   if (st) {
     PlanEntry e;
     e.kind = PlanEntry::Kind::dimension;

@@ -114,6 +114,10 @@ struct CapturedPointer {
 inline constexpr std::uintptr_t kPlanningBase = 1ull << 56;
 
 struct SessionState {
+  SessionState() = default;
+  SessionState(const SessionState&) = delete;
+  SessionState& operator=(const SessionState&) = delete;
+  ~SessionState();  // hands the planner's vectors to the arena for its next capture
   std::shared_ptr<ArenaCore> core;
   Stream stream{static_cast<cudaStream_t>(nullptr)};
   CaptureOptions opts;
@@ -187,6 +191,7 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   std::uint64_t region_peak_live = 0;  // sum of the lower bounds of families holding a region
   std::uint64_t families_with_region = 0;
   std::shared_ptr<VirtualRegistry> virt;  // virtual growth: families with an address range
+  PlannerStorage spare_planner;  // under lock: the vectors of the largest ended capture's planner
   // Bytes of guard placed behind every workspace (debug mode's canaries; 0 otherwise).
   std::uint64_t guard_bytes = 0;
   // Told of every event (src/arena_observer.hpp); nullptr when nobody watches. Set by attach()
@@ -257,7 +262,7 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   [[gnu::noinline]] Workspace request_captured(SessionState& st, Stream s, std::string_view name, const Extent& need,
                                                std::uint64_t element_bytes, const SizingPolicy& policy,
                                                const Bindings& b, const std::source_location& loc,
-                                               const Footprint* touched, const SizingDecision& d, std::uint64_t bytes);
+                                               const Footprint* touched, SizingDecision& d, std::uint64_t bytes);
   [[gnu::noinline]] void* allocate_captured(SessionState& st, Stream s, std::uint64_t bytes, std::uint64_t alignment,
                                             const std::source_location& loc);
   Workspace make_workspace(Block* b, void* ptr, std::uint64_t bytes, std::int64_t count, Stream s, bool captured) {
@@ -271,7 +276,7 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
     w.captured_ = captured;
     return w;
   }
-  void record(SessionState& st, PlanEntry e, const SizingDecision& d, const Extent* need, const Bindings& b);
+  void record(SessionState& st, PlanEntry e, SizingDecision& d, const Extent* need, const Bindings& b);
 };
 
 }  // namespace graphsafe::detail

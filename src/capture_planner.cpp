@@ -1,6 +1,7 @@
 #include "capture_planner.hpp"
 
 #include <graphsafe/backend.hpp>
+#include <graphsafe/error.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -106,7 +107,8 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
   const std::vector<std::uint32_t>& live = live_;
   std::vector<std::uint32_t> unordered;
   for (std::uint32_t i : pending) {
-    if (ordered(stream, blocks_[i]))
+    const PlannedBlock& b = blocks_[i];
+    if (b.position_known && ordered(stream, position(b.release_position)))
       c.ordered.push_back(i);
     else
       unordered.push_back(i);
@@ -147,7 +149,7 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
       proposed = true;
     }
   }
-  if (!proposed) c.offset = best_fit_sorted(taken, bytes);
+  if (!proposed) c.offset = unordered.empty() ? best_fit_live(bytes) : best_fit_sorted(taken, bytes);
   c.unordered = unordered;
   if (explain && c.offset + bytes > region_) {
     // The region grows: say which released ranges could have held it but were not proven ordered.
@@ -155,7 +157,7 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
       const PlannedBlock& b = blocks_[i];
       if (b.bytes < bytes) continue;
       if (!c.why_not.empty()) c.why_not += "; ";
-      c.why_not += "'" + b.name + "' (" + std::to_string(b.bytes) + " B, released on stream " + hex(b.release_stream) +
+      c.why_not += "'" + name(i) + "' (" + std::to_string(b.bytes) + " B, released on stream " + hex(b.release_stream) +
                    ") is not reused: " +
                    (b.position_known ? "this stream's capture dependencies (" + hex(stream) +
                                            ") do not reach its release -- join the streams with an event first"
@@ -165,8 +167,57 @@ CapturePlanner::Choice CapturePlanner::choose(std::uint64_t bytes, void* stream,
   return c;
 }
 
-void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, std::string name) {
+namespace {
+std::atomic<std::uint64_t> next_serial_base{1ull << 32};
+}  // namespace
+
+CapturePlanner::CapturePlanner() : base_(next_serial_base.fetch_add(kMaxBlocks, std::memory_order_relaxed)) {}
+
+void CapturePlanner::adopt(PlannerStorage&& s) {
+  if (!blocks_.empty() || s.capacity() <= blocks_.capacity()) return;
+  blocks_ = std::move(s.blocks);
+  positions_ = std::move(s.positions);
+  live_ = std::move(s.live);
+  live_ranges_ = std::move(s.live_ranges);
+  blocks_.clear();
+  positions_.clear();
+  live_.clear();
+  live_ranges_.clear();
+}
+
+PlannerStorage CapturePlanner::take_storage() {
+  PlannerStorage s;
+  s.blocks = std::move(blocks_);
+  s.positions = std::move(positions_);
+  s.live = std::move(live_);
+  s.live_ranges = std::move(live_ranges_);
+  blocks_.clear();
+  positions_.clear();
+  live_.clear();
+  live_ranges_.clear();
+  return s;
+}
+
+const std::string& CapturePlanner::name(std::size_t block) const {
+  static const std::string none;
+  return block < names_.size() ? names_[block] : none;
+}
+
+PositionRef CapturePlanner::keep_position(std::span<const void* const> p) {
+  PositionRef r;
+  if (p.empty()) return r;
+  if (positions_.size() + p.size() > std::numeric_limits<std::uint32_t>::max())
+    throw overflow_error("graphsafe: a capture recorded more than 2^32 capture dependencies for its workspaces");
+  r.begin = static_cast<std::uint32_t>(positions_.size());
+  r.count = static_cast<std::uint32_t>(p.size());
+  positions_.insert(positions_.end(), p.begin(), p.end());
+  return r;
+}
+
+std::uint64_t CapturePlanner::commit(Choice&& c, std::size_t entry, std::string name) {
   const std::size_t n = blocks_.size();
+  if (n + 1 >= kMaxBlocks)
+    throw overflow_error("graphsafe: a capture holds at most " + std::to_string(kMaxBlocks - 1) + " workspaces");
   for (std::size_t p = 0; p < proposals_.size(); ++p) {
     const LayoutProposal& l = *proposals_[p];
     following_[p] = following_[p] && n < l.bytes().size() && l.bytes()[n] == c.bytes && l.best().offsets[n] == c.offset;
@@ -188,12 +239,15 @@ void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, s
     std::erase_if(v->pending, [&](std::uint32_t i) { return std::binary_search(c.ordered.begin(), c.ordered.end(), i); });
   }
   PlannedBlock b;
-  b.serial = serial;
+  b.serial = base_ + n;
   b.offset = c.offset;
   b.bytes = c.bytes;
   b.stream = c.stream;
   b.entry = entry;
-  b.name = std::move(name);
+  if (!name.empty()) {
+    names_.resize(n);
+    names_.push_back(std::move(name));
+  }
   lt_->bytes.push_back(c.bytes);
   lt_->offsets.push_back(c.offset);
   if (!c.unordered.empty()) lt_->intervals = false;
@@ -201,7 +255,7 @@ void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, s
   lt_->released_at.push_back(Lifetimes::kNever);
   lt_->unordered_before.push_back(std::move(c.unordered));
   b.request_known = c.request_known;
-  b.request_position = std::move(c.request_position);
+  b.request_position = keep_position(c.request_position);
   region_ = std::max(region_, c.offset + c.bytes);
   lt_->region = region_;
   peak_ = std::max(peak_, c.clique);
@@ -209,14 +263,14 @@ void CapturePlanner::commit(Choice c, std::uint64_t serial, std::size_t entry, s
   live_bytes_ += c.bytes;
   const std::pair<std::uint64_t, std::uint64_t> range{c.offset, c.bytes};
   live_ranges_.insert(std::upper_bound(live_ranges_.begin(), live_ranges_.end(), range), range);
-  blocks_.push_back(std::move(b));
+  blocks_.push_back(b);
+  return b.serial;
 }
 
 PlannedBlock* CapturePlanner::live(std::uint64_t serial) {
-  // Serials grow with every commit (taken under the planner's lock), so blocks_ is sorted by them.
-  auto it = std::lower_bound(blocks_.begin(), blocks_.end(), serial,
-                             [](const PlannedBlock& b, std::uint64_t s) { return b.serial < s; });
-  return it != blocks_.end() && it->serial == serial && !it->released ? &*it : nullptr;
+  // Block i has serial base_ + i.
+  const std::uint64_t i = serial - base_;
+  return i < blocks_.size() && !blocks_[i].released ? &blocks_[i] : nullptr;
 }
 
 PlannedBlock* CapturePlanner::live_at(std::uint64_t offset) {
@@ -225,10 +279,25 @@ PlannedBlock* CapturePlanner::live_at(std::uint64_t offset) {
   return nullptr;
 }
 
-void CapturePlanner::release(PlannedBlock& b, void* stream, std::vector<const void*> position, bool known) {
+std::uint64_t CapturePlanner::best_fit_live(std::uint64_t bytes) const {
+  if (bytes == 0) return best_fit_sorted(live_ranges_, bytes);  // only a gap of positive size counts
+  // Live ranges never overlap (placement keeps clear of them) and none is empty, so each gap is the
+  // space between neighbours: one branch-free pass.
+  std::uint64_t cur = 0, best = 0, best_gap = std::numeric_limits<std::uint64_t>::max();
+  for (const auto& [off, size] : live_ranges_) {
+    const std::uint64_t gap = off - cur;
+    const bool better = (gap >= bytes) & (gap < best_gap);
+    best_gap = better ? gap : best_gap;
+    best = better ? cur : best;
+    cur = off + size;
+  }
+  return best_gap != std::numeric_limits<std::uint64_t>::max() ? best : cur;
+}
+
+void CapturePlanner::release(PlannedBlock& b, void* stream, std::span<const void* const> position, bool known) {
   b.released = true;
   b.release_stream = stream;
-  b.release_position = std::move(position);
+  b.release_position = known ? keep_position(position) : PositionRef{};
   b.position_known = known;
   const auto idx = static_cast<std::uint32_t>(&b - blocks_.data());
   if (auto it = std::find(live_.begin(), live_.end(), idx); it != live_.end()) {

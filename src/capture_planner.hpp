@@ -2,8 +2,8 @@
 //
 //   CapturePlanner p;
 //   auto a = p.choose(bytes, stream, ordered, explain);   // offset, conflicts, lower bound
-//   p.commit(a, serial, entry, name);
-//   ... p.release(serial, stream, position);             // the range may now be reused
+//   std::uint64_t serial = p.commit(a, entry, name);
+//   ... p.release(*p.live(serial), stream, position, known);  // the range may now be reused
 //   PackedLayout better = p.pack();                       // offline, over the recorded lifetimes
 //
 // A released workspace's range is reused by a later request of the same capture only when the
@@ -27,6 +27,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -34,20 +35,27 @@
 
 namespace graphsafe::detail {
 
+// A stream's capture dependencies at one point (node handles), kept in the planner's pool.
+struct PositionRef {
+  std::uint32_t begin = 0;
+  std::uint32_t count = 0;
+};
+
+// Kept small and trivially movable (a capture can hold thousands): names and positions live in
+// the planner's side tables.
 struct PlannedBlock {
   std::uint64_t serial = 0;  // the handle's id (Workspace, opaque pointer); unique over the process
   std::uint64_t offset = 0;
   std::uint64_t bytes = 0;  // range taken: guard included, 256-byte aligned
   void* stream = nullptr;
-  std::size_t entry = 0;  // index of its plan entry
-  std::string name;  // debug mode only (explains a reuse not proven)
-  bool released = false;
   void* release_stream = nullptr;
-  bool position_known = false;
-  std::vector<const void*> release_position;  // the releasing stream's capture dependencies at release
+  std::size_t entry = 0;  // index of its plan entry
+  PositionRef release_position;  // the releasing stream's capture dependencies at release
   // Debug mode: the requesting stream's capture dependencies at the request (the graph audit).
+  PositionRef request_position;
+  bool released = false;
+  bool position_known = false;
   bool request_known = false;
-  std::vector<const void*> request_position;
 };
 
 // One offset per block, in request order: a placement a later capture of the same function follows.
@@ -109,10 +117,23 @@ class LayoutProposal {
 class CapturePlanner;
 void keep_layout(std::vector<std::shared_ptr<const LayoutProposal>>& layouts, const CapturePlanner& p);
 
+// A planner's growing vectors, handed from an ended capture to the next one (ArenaCore keeps one
+// set): a capture of thousands of requests then neither regrows them nor faults their pages in.
+struct PlannerStorage {
+  std::vector<PlannedBlock> blocks;
+  std::vector<const void*> positions;
+  std::vector<std::uint32_t> live;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> live_ranges;
+  std::size_t capacity() const { return blocks.capacity(); }
+};
+
 class CapturePlanner {
  public:
-  // Whether the graph orders released block `b` before the next work captured on `stream`.
-  using Ordered = std::function<bool(void* stream, const PlannedBlock& b)>;
+  // Serials of this planner's blocks start at a base of their own: `live` finds a block by index.
+  CapturePlanner();
+  // Whether the graph orders a release at `position` (a stream's capture dependencies at release)
+  // before the next work captured on `stream`.
+  using Ordered = std::function<bool(void* stream, std::span<const void* const> position)>;
 
   struct Choice {
     std::uint64_t offset = 0;
@@ -128,7 +149,14 @@ class CapturePlanner {
   // Where a request of `bytes` (aligned, guard included) on `stream` goes. Follows `proposals`
   // (layouts of earlier captures) when one fits this capture's conflicts.
   Choice choose(std::uint64_t bytes, void* stream, const Ordered& ordered, bool explain) const;
-  void commit(Choice c, std::uint64_t serial, std::size_t entry, std::string name);
+  // Records the block chosen; returns its serial. `name` (debug mode) explains later reuses not proven.
+  std::uint64_t commit(Choice&& c, std::size_t entry, std::string name);
+  // Before the first request: take over `s`'s capacity (its contents are dropped).
+  void adopt(PlannerStorage&& s);
+  // After the capture: the vectors, for the next capture's adopt.
+  PlannerStorage take_storage();
+  // Whether `serial` is one of this planner's (read without its lock: the base never changes).
+  bool owns(std::uint64_t serial) const { return serial - base_ < kMaxBlocks; }
   // The live block with this serial (nullptr: not this capture's, or already released).
   PlannedBlock* live(std::uint64_t serial);
   // The live block at this offset (opaque deallocate), nullptr when none.
@@ -136,7 +164,13 @@ class CapturePlanner {
   // Per block: whether another block's range overlaps its range (shares), and whether an earlier
   // one does (reuses). O(n log n): an interval union swept forwards, then backwards.
   void sharing(std::vector<char>& shares, std::vector<char>& reuses) const;
-  void release(PlannedBlock& b, void* stream, std::vector<const void*> position, bool known);
+  // `position` is copied (the caller's scratch() may be passed).
+  void release(PlannedBlock& b, void* stream, std::span<const void* const> position, bool known);
+  // A vector to ask the backend for a position into, reused from call to call.
+  std::vector<const void*>& scratch() { return scratch_; }
+  std::span<const void* const> position(PositionRef r) const { return {positions_.data() + r.begin, r.count}; }
+  // The name given at commit (debug mode), empty otherwise.
+  const std::string& name(std::size_t block) const;
 
   std::uint64_t region() const { return region_; }
   // Lower bound: the greedy cliques recorded at each request (peak live bytes in capture order).
@@ -169,13 +203,21 @@ class CapturePlanner {
     std::vector<std::uint32_t> pending;
   };
   const StreamView* view(void* stream) const;
+  PositionRef keep_position(std::span<const void* const> p);
+  static constexpr std::uint64_t kMaxBlocks = 1ull << 32;
+  std::uint64_t base_;  // serial of block 0
   std::vector<PlannedBlock> blocks_;
+  std::vector<const void*> positions_;  // every PositionRef's nodes
+  std::vector<const void*> scratch_;
+  std::vector<std::string> names_;  // by block, only up to the last named one
   std::shared_ptr<Lifetimes> lt_ = std::make_shared<Lifetimes>();
   std::vector<StreamView> streams_;
   std::vector<std::uint32_t> live_;  // blocks not released (request order)
   std::uint64_t live_bytes_ = 0;
   std::uint64_t clock_ = 0;  // capture order of requests and releases
   std::vector<std::pair<std::uint64_t, std::uint64_t>> live_ranges_;  // their (offset, bytes), sorted
+  // Best fit against the live ranges alone (disjoint, sorted): best_fit_sorted(live_ranges_, bytes).
+  std::uint64_t best_fit_live(std::uint64_t bytes) const;
   std::uint64_t region_ = 0;
   std::uint64_t peak_ = 0;
   std::vector<std::shared_ptr<const LayoutProposal>> proposals_;

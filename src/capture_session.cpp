@@ -25,6 +25,14 @@ void unregister(SessionState& st) {
 }
 }  // namespace
 
+SessionState::~SessionState() {
+  if (!core) return;
+  PlannerStorage s = planner.take_storage();
+  std::lock_guard g(core->lock);
+  if (s.capacity() > core->spare_planner.capacity()) std::swap(s, core->spare_planner);
+  // The smaller set is freed here, outside the lock.
+}
+
 void start_session(SessionState& st, const Bindings& b) {
   ArenaCore& core = *st.core;
   if (st.family->arena_id != core.id)
@@ -41,6 +49,7 @@ void start_session(SessionState& st, const Bindings& b) {
     // Earlier captures of this family's function: follow their placement while the sizes match.
     std::lock_guard g(core.lock);
     st.planner.set_proposals(st.family->layouts);
+    st.planner.adopt(std::move(core.spare_planner));
   }
   if (st.planning) {
     // An estimate takes nothing: its requests are placed at addresses no memory backs (never
