@@ -2,7 +2,8 @@
 // on the CUDA backend and on the host backend, against the same benchmark built on an earlier tree.
 //
 //   build/bench/capture_time_bench --raw now.txt                       # one "case ms" line per case
-//   before/build/bench/capture_time_bench --raw before.txt             # the same source, earlier tree
+//   bash bench/capture_time_before.sh /tmp/before                      # the same source, earlier tree
+//   /tmp/before/build/capture_time_bench --raw before.txt
 //   build/bench/capture_time_bench --before before.txt --json bench/results/capture_time_bench.json
 //
 // Cases, each the median over --reps repetitions:
