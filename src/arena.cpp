@@ -278,104 +278,20 @@ Block* ArenaCore::take_eager(std::uint64_t bytes, Stream s, bool index) {
   return b;
 }
 
-std::uint64_t ArenaCore::place_in_capture(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
-                                          std::string_view name, Stream s, std::uint64_t* serial,
-                                          std::string* why_not) {
-  auto too_large = [&](std::uint64_t end) {
-    return out_of_memory_error("graphsafe: capture of family '" + st.family->name + "' needs " + std::to_string(end) +
-                               " bytes for request '" + std::string(name) + "' but only " + std::to_string(st.limit) +
-                               " are free in one range (requests during capture never grow the arena); " +
-                               (st.family->graphs > 0
-                                    ? std::string("the family's region cannot grow past the block after it -- capture "
-                                                  "the family's largest bucket first so its region is sized by it")
-                                    : "call arena.reserve(" + std::to_string(end) + ", stream) before capturing"));
-  };
-  if (st.virt && !virtual_shares(st)) [[unlikely]] {
-    // Virtual growth keeps one address range per workspace (granule boundaries, virtual_commit.hpp).
-    std::lock_guard g(lock);
-    std::uint64_t offset = align_up(st.bump, std::max<std::uint64_t>(alignment, kAlignment));
-    offset = virtual_align(st, offset, bytes);
-    if (offset + bytes > st.limit) throw too_large(offset + bytes);
-    st.bump = offset + bytes;
-    return offset;
-  }
-  // Every offset and size is a multiple of 256 (alignments above it are refused), so any range a
-  // released block leaves holds any later block that fits its size.
-  const std::uint64_t taken = align_up(bytes, kAlignment);
-  std::lock_guard g(st.planner_mutex);
-  auto ordered = [this](void* stream, std::span<const void* const> position) {
-    const std::vector<const void*> before(position.begin(), position.end());
-    return backend.capture_ordered_after(Stream(static_cast<cudaStream_t>(stream)), before);
-  };
-  CapturePlanner::Choice c = st.planner.choose(taken, s.handle(), ordered, why_not != nullptr);
-  std::uint64_t offset = c.offset;
-  if (st.virt) [[unlikely]] {
-    // Virtual sharing: the planner's offset is where the bytes lie physically; the workspace gets
-    // its own address range, mapped onto them (virtual_commit.hpp).
-    std::lock_guard g(lock);
-    offset = virtual_share_place(st, c.offset, bytes);
-    if (offset + bytes > st.limit) throw too_large(offset + bytes);
-    st.bump = offset + bytes;
-  } else if (c.offset + bytes > st.limit) {
-    throw too_large(c.offset + bytes);
-  }
-  if (why_not) *why_not = std::move(c.why_not);
-  // Debug mode: where the request sits in the capture, for the graph audit at instantiation.
-  if (why_not) c.request_known = backend.capture_dependencies(s, c.request_position);
-  // The name only explains a reuse not proven (debug mode): not copied otherwise.
-  const std::uint64_t id =
-      taken ? st.planner.commit(std::move(c), st.plan.entries().size(), why_not ? std::string(name) : std::string()) : 0;
-  if (serial) *serial = id;
-  if (!st.virt) st.bump = std::max(st.bump, st.planner.region());
-  return offset;
-}
-
 void ArenaCore::release_captured(std::uint64_t serial, void* stream) noexcept {
   if (active_sessions.load(std::memory_order_acquire) == 0) return;  // the graph owns it now
   try {
-    // Each planner's serials are its own range: the owner is found without asking any planner.
+    // Each placement's serials are its own: the owner is found without asking any for its lock.
     SessionState* owner = nullptr;
     {
       std::lock_guard g(lock);
       for (SessionState* st : sessions)
-        if (st->planner.owns(serial)) owner = st;
+        if (st->placement->owns(serial)) owner = st;
     }
-    if (!owner) return;
-    std::lock_guard g(owner->planner_mutex);
-    if (PlannedBlock* b = owner->planner.live(serial)) {
-      std::vector<const void*>& position = owner->planner.scratch();
-      const bool known = backend.capture_dependencies(Stream(static_cast<cudaStream_t>(stream)), position);
-      owner->planner.release(*b, stream, position, known);
-    }
+    if (owner) owner->placement->release(*owner, serial, stream);
   } catch (...) {
     // The range stays reserved for the graph (as it would without reuse): nothing is lost.
   }
-}
-
-void ArenaCore::capture_planned(SessionState& st) {
-  std::lock_guard g(st.planner_mutex);
-  const CapturePlanner& p = st.planner;
-  const bool own_ranges = st.virt && !virtual_shares(st);  // virtual growth without sharing: no reuse
-  st.plan.set_peak_live_bytes(own_ranges ? align_up(st.bump, kAlignment) : p.clique_bound());
-  if (st.virt && !own_ranges) st.plan.set_physical_bytes(align_up(p.region(), kAlignment));
-  const auto& blocks = p.blocks();
-  for (const PlannedBlock& b : blocks) {
-    PlanEntry& e = st.plan.entry(b.entry);
-    e.stream = b.stream;
-    e.released = b.released;
-    e.physical_offset = b.offset;
-  }
-  // Entries whose range (guard included) another entry's range overlaps: debug canaries and NVTX
-  // regions skip them (their bytes legitimately hold another workspace's data during a replay).
-  std::vector<char> shares, reuses;
-  p.sharing(shares, reuses);
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    st.plan.entry(blocks[i].entry).shares_bytes = shares[i];
-    st.plan.entry(blocks[i].entry).reuses = reuses[i];
-  }
-  if (st.virt || blocks.empty()) return;
-  std::lock_guard lk(lock);
-  keep_layout(st.family->layouts, p);  // packed offline only once a later capture follows it
 }
 
 void ArenaCore::record(SessionState& st, PlanEntry e, SizingDecision& d, const Extent* need, const Bindings& b) {
@@ -419,10 +335,8 @@ Workspace ArenaCore::request_captured(SessionState& st, Stream s, std::string_vi
                                       const std::source_location& loc, const Footprint* touched,
                                       SizingDecision& d, std::uint64_t bytes) {
   // Debug mode: a guard region follows the workspace (guard_bytes is 0 otherwise).
-  std::uint64_t serial = 0;
-  std::string why_not;
-  const std::uint64_t offset =
-      place_in_capture(st, bytes + guard_bytes, kAlignment, name, s, &serial, observer ? &why_not : nullptr);
+  Placed p = st.placement->request(st, {bytes + guard_bytes, kAlignment, s, name, observer != nullptr});
+  const std::uint64_t offset = p.offset;
   // Virtual growth: map the capture-time footprint (and the guard region) behind the range.
   if (st.virt) [[unlikely]] virtual_place(st, offset, bytes, guard_bytes, element_bytes, need, touched, b, name);
   PlanEntry e;
@@ -434,10 +348,10 @@ Workspace ArenaCore::request_captured(SessionState& st, Stream s, std::string_vi
   e.bytes = bytes;
   e.offset = offset;
   e.site = site_of(loc);
-  if (!why_not.empty()) [[unlikely]] observer->reuse_not_proven(st, e, why_not);
+  if (!p.why_not.empty()) [[unlikely]] observer->reuse_not_proven(st, e, p.why_not);
   record(st, std::move(e), d, &need, b);
   Workspace w = make_workspace(nullptr, reinterpret_cast<void*>(st.base + offset), bytes, d.count, s, true);
-  w.block_ = reinterpret_cast<void*>(static_cast<std::uintptr_t>(serial));  // the planner's id of its range
+  w.block_ = reinterpret_cast<void*>(static_cast<std::uintptr_t>(p.serial));  // the placement's id of its range
   return w;
 }
 
@@ -473,9 +387,9 @@ void* ArenaCore::allocate(Stream s, std::uint64_t bytes, std::uint64_t alignment
 
 void* ArenaCore::allocate_captured(SessionState& st, Stream s, std::uint64_t bytes, std::uint64_t alignment,
                                    const std::source_location& loc) {
-  std::string why_not;
-  const std::uint64_t offset = place_in_capture(st, std::max<std::uint64_t>(bytes, 1) + guard_bytes, alignment,
-                                                "<opaque>", s, nullptr, observer ? &why_not : nullptr);
+  const Placed p =
+      st.placement->request(st, {std::max<std::uint64_t>(bytes, 1) + guard_bytes, alignment, s, "<opaque>", observer != nullptr});
+  const std::uint64_t offset = p.offset;
   if (st.virt) [[unlikely]] virtual_place_bytes(st, offset, std::max<std::uint64_t>(bytes, 1) + guard_bytes, "<opaque>");
   PlanEntry e;
   e.kind = PlanEntry::Kind::opaque;
@@ -487,7 +401,7 @@ void* ArenaCore::allocate_captured(SessionState& st, Stream s, std::uint64_t byt
   e.replay_safe = true;  // nothing to check: no extent says what it depends on
   e.note = "size_t request: graphsafe cannot tell what this size depends on";
   e.site = site_of(loc);
-  if (!why_not.empty()) [[unlikely]] observer->reuse_not_proven(st, e, why_not);
+  if (!p.why_not.empty()) [[unlikely]] observer->reuse_not_proven(st, e, p.why_not);
   if (observer) [[unlikely]] observer->captured_request(st, e);
   st.plan.add(std::move(e));
   return reinterpret_cast<void*>(st.base + offset);
@@ -506,19 +420,15 @@ void ArenaCore::deallocate(Stream s, void* p, std::uint64_t bytes) {
     if (owner) {
       // Served by this capture: its range may be reused by the capture's later requests. A pointer
       // of a live graph of the family (or one released already) stays the graph's.
-      std::uint64_t serial = 0;
-      {
-        std::lock_guard g(owner->planner_mutex);
-        if (PlannedBlock* b = owner->planner.live_at(virtual_planner_offset(*owner, addr - owner->base))) {
-          const std::uint64_t held = b->bytes - guard_bytes;  // the range taken, 256-byte aligned
-          if (bytes > held)
-            throw invalid_argument_error("graphsafe: deallocate of " + std::to_string(bytes) + " bytes but the block at " +
-                                         std::to_string(addr) + " holds " + std::to_string(held) +
-                                         "; pass the size given to allocate()");
-          serial = b->serial;
-        }
+      std::uint64_t range = 0;
+      if (const std::uint64_t serial = owner->placement->serial_at(*owner, addr - owner->base, range)) {
+        const std::uint64_t held = range - guard_bytes;  // the range taken, 256-byte aligned
+        if (bytes > held)
+          throw invalid_argument_error("graphsafe: deallocate of " + std::to_string(bytes) + " bytes but the block at " +
+                                       std::to_string(addr) + " holds " + std::to_string(held) +
+                                       "; pass the size given to allocate()");
+        release_captured(serial, s.handle());
       }
-      if (serial) release_captured(serial, s.handle());
       return;
     }
   }

@@ -8,6 +8,7 @@
 
 #include "arena_observer.hpp"
 #include "capture_planner.hpp"
+#include "placement.hpp"
 #include "region_provider.hpp"
 #include "free_list.hpp"
 
@@ -114,10 +115,6 @@ struct CapturedPointer {
 inline constexpr std::uintptr_t kPlanningBase = 1ull << 56;
 
 struct SessionState {
-  SessionState() = default;
-  SessionState(const SessionState&) = delete;
-  SessionState& operator=(const SessionState&) = delete;
-  ~SessionState();  // hands the planner's vectors to the arena for its next capture
   std::shared_ptr<ArenaCore> core;
   Stream stream{static_cast<cudaStream_t>(nullptr)};
   CaptureOptions opts;
@@ -131,10 +128,8 @@ struct SessionState {
   std::uintptr_t base = 0;
   std::uint64_t limit = 0;
   std::uint64_t bump = 0;
-  // Placement inside the region (reuse of ranges released during the capture); its own lock, so
-  // ordering queries to the backend never run under the arena's spin lock.
-  std::mutex planner_mutex;
-  CapturePlanner planner;
+  // Where requests go inside the region (src/placement.hpp): made once the region is set up.
+  std::unique_ptr<Placement> placement;
   bool planning = false;  // an estimate: nothing is taken from the arena, the capture is discarded
   Plan plan;
   std::size_t report_mark = 0;  // debug: findings made before this capture began
@@ -235,9 +230,6 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   void begin_slab_capture(SessionState& st);
   void end_slab_capture(SessionState& st, bool success);
   void graph_destroyed(Family& f, void* stream) noexcept;
-  // A capture ended (or an estimate): lifetimes and lower bound into its plan, its best layout to
-  // the family for later captures.
-  void capture_planned(SessionState& st);
   // A workspace requested in a capture was released (handle reset or destroyed): its range may be
   // reused by later requests of that capture. No-op once the capture has ended.
   void release_captured(std::uint64_t serial, void* stream) noexcept;
@@ -252,11 +244,6 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   void finish_release(Block* b);    // under lock: a released eager block goes back
   Block* take_eager(std::uint64_t bytes, Stream s, bool index = false);
   void* new_slab(std::uint64_t bytes, Stream s);  // backend slab (synchronized in debug mode)
-  // Offset of a captured request in the session's region; `serial` gets the block's id (0 under
-  // virtual growth, whose ranges are not reused), `why_not` (debug mode) what was not reused.
-  std::uint64_t place_in_capture(SessionState& st, std::uint64_t bytes, std::uint64_t alignment,
-                                 std::string_view name, Stream s, std::uint64_t* serial = nullptr,
-                                 std::string* why_not = nullptr);
   SessionState* session_for_query(Stream s);
   // The capture paths of request / allocate, out of line so the eager paths stay small.
   [[gnu::noinline]] Workspace request_captured(SessionState& st, Stream s, std::string_view name, const Extent& need,

@@ -18,7 +18,8 @@
 // still unordered with it that conflict with all of those. On one stream it is exactly the peak
 // live bytes; blocks live on concurrent branches count together.
 //
-// Placement only: growth (slabs, virtual memory) and debug checks stay with the arena.
+// The policy behind ReusePlacement (src/placement.hpp); growth (slabs, virtual memory) and debug
+// checks are other components.
 #pragma once
 
 #include <atomic>

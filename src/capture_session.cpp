@@ -25,14 +25,6 @@ void unregister(SessionState& st) {
 }
 }  // namespace
 
-SessionState::~SessionState() {
-  if (!core) return;
-  PlannerStorage s = planner.take_storage();
-  std::lock_guard g(core->lock);
-  if (s.capacity() > core->spare_planner.capacity()) std::swap(s, core->spare_planner);
-  // The smaller set is freed here, outside the lock.
-}
-
 void start_session(SessionState& st, const Bindings& b) {
   ArenaCore& core = *st.core;
   if (st.family->arena_id != core.id)
@@ -45,12 +37,6 @@ void start_session(SessionState& st, const Bindings& b) {
     throw capture_state_error("graphsafe: this stream is already capturing; a capture cannot start inside another "
                               "(end the outer capture first, or capture on another stream)");
   st.plan.set_captured_bindings(b);
-  {
-    // Earlier captures of this family's function: follow their placement while the sizes match.
-    std::lock_guard g(core.lock);
-    st.planner.set_proposals(st.family->layouts);
-    st.planner.adopt(std::move(core.spare_planner));
-  }
   if (st.planning) {
     // An estimate takes nothing: its requests are placed at addresses no memory backs (never
     // launched: the capture is discarded).
@@ -69,6 +55,7 @@ void start_session(SessionState& st, const Bindings& b) {
       core.backend.order_after(st.stream, tagged_stream(blk->stream));
   };
   try {
+    st.placement = make_placement(core, st);  // follows the family's earlier layouts
     order(st.provisional);
     order(st.next_held);
     if (st.family->last_stream && st.family->last_stream != stream_tag(st.stream))
@@ -112,14 +99,9 @@ CaptureEstimate finish_estimate(SessionState& st) {
   st.done = true;
   core.backend.abort_capture(st.stream);  // nothing of the planning capture is kept
   unregister(st);
-  core.capture_planned(st);  // with a family: its later captures follow the best layout
+  st.placement->finish(st);  // with a family: its later captures follow the best layout
   CaptureEstimate e;
-  {
-    std::lock_guard g(st.planner_mutex);
-    // A family's next capture follows the best layout (same sizes); a graph of its own places greedily.
-    e.region_bytes = align_up(st.opts.family ? st.planner.best().region : st.planner.region(), kAlignment);
-    e.peak_live_bytes = st.planner.clique_bound();
-  }
+  st.placement->estimate(static_cast<bool>(st.opts.family), e);
   e.requests = st.plan.entries().size();
   return e;
 }
@@ -150,7 +132,7 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
     }
     if (last && last != stream_tag(st.stream)) core.backend.order_after(st.stream, tagged_stream(last));
     st.plan.set_bytes(align_up(st.bump, kAlignment));
-    core.capture_planned(st);  // the planner's lifetimes and packed layout into the plan and family
+    st.placement->finish(st);  // lifetimes, lower bound and best layout into the plan and family
     st.plan.finalize();
     // Debug mode: prove on the instantiated graph that every reused range is ordered (findings).
     if (core.opts.debug) [[unlikely]] audit_captured_graph(st, h);

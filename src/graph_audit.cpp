@@ -134,25 +134,27 @@ std::size_t audit_captured_graph(SessionState& st, const GraphHandle& h) {
   if (!st.core->backend.graph_topology(h, topo)) return 0;
   std::vector<AuditSpan> spans;
   {
-    std::lock_guard g(st.planner_mutex);
+    const CapturePlanner* planner = st.placement->planner();
+    if (!planner) return 0;  // ranges never reused: nothing shares bytes
+    std::lock_guard g(st.placement->mutex());
     const auto& entries = st.plan.entries();
-    const auto& blocks = st.planner.blocks();
+    const auto& blocks = planner->blocks();
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       const PlannedBlock& b = blocks[i];
       AuditSpan s;
       const PlanEntry* e = b.entry < entries.size() ? &entries[b.entry] : nullptr;
-      s.name = e ? e->name : st.planner.name(i);
+      s.name = e ? e->name : planner->name(i);
       s.site = e ? e->site : std::string("?");
       s.offset = b.offset;
       s.bytes = b.bytes;
       s.stream = b.stream;
       s.request_known = b.request_known;
-      const auto requested = st.planner.position(b.request_position);
+      const auto requested = planner->position(b.request_position);
       s.requested_after.assign(requested.begin(), requested.end());
       s.released = b.released;
       s.release_stream = b.release_stream;
       s.release_known = b.position_known;
-      const auto released = st.planner.position(b.release_position);
+      const auto released = planner->position(b.release_position);
       s.released_after.assign(released.begin(), released.end());
       spans.push_back(std::move(s));
     }

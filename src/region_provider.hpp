@@ -3,8 +3,8 @@
 // An arena has one, chosen when it is made: SlabRegions (regions carved from the arena's slabs, the
 // default) or VirtualRegions (ArenaOptions::virtual_memory: one address-space reservation per
 // family, physical memory mapped behind footprints). The arena's capture lifecycle calls it at the
-// three points where growth differs, and nowhere else; placement inside the region (the capture
-// planner) and eager requests do not go through it. Capture setup and graph death only: a virtual
+// three points where growth differs, and nowhere else; placement inside the region
+// (src/placement.hpp) and eager requests do not go through it. Capture setup and graph death only: a virtual
 // call there costs nothing next to a capture.
 #pragma once
 

@@ -209,11 +209,11 @@ struct VirtualRegistry {
 // (every workspace of a granule or more starts on a boundary, a smaller one never straddles two).
 // So a workspace whose need is a prefix maps ceil(need / granule) granules: less than its need plus
 // one granule (docs/virtual_growth.md, "The target"). The padding is address space only: it is
-// never mapped. Called from ArenaCore::place_in_capture under the arena's lock.
+// never mapped. Called by OwnRangesPlacement (src/placement.cpp) under the arena's lock.
 std::uint64_t virtual_align(SessionState& st, std::uint64_t offset, std::uint64_t bytes);
 // Virtual sharing: where a captured block the planner placed at physical offset `phys` goes in
 // the capture's address range (a granule of its own, at phys's offset inside its granule). Called
-// from ArenaCore::place_in_capture under the planner's and the arena's locks.
+// by ReusePlacement (src/placement.cpp) under the placement's and the arena's locks.
 std::uint64_t virtual_share_place(SessionState& st, std::uint64_t phys, std::uint64_t bytes);
 // The planner's (physical) offset of a block at address offset `va` of the capture (the same offset
 // without sharing).
