@@ -186,6 +186,10 @@ class ArenaCore : public std::enable_shared_from_this<ArenaCore> {
   std::uint64_t region_peak_live = 0;  // sum of the lower bounds of families holding a region
   std::uint64_t families_with_region = 0;
   std::shared_ptr<VirtualRegistry> virt;  // virtual growth: families with an address range
+  // Under lock: entries of the last capture's plan. The next capture reserves as many: a plan of
+  // thousands of entries is not grown by doubling (whose freed chunks the C heap may return to
+  // the system, so that every capture faults its pages in again).
+  std::size_t plan_entries_hint = 0;
   PlannerStorage spare_planner;  // under lock: the vectors of the largest ended capture's planner
   // Bytes of guard placed behind every workspace (debug mode's canaries; 0 otherwise).
   std::uint64_t guard_bytes = 0;

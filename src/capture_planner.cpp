@@ -179,14 +179,32 @@ void CapturePlanner::adopt(PlannerStorage&& s) {
   positions_ = std::move(s.positions);
   live_ = std::move(s.live);
   live_ranges_ = std::move(s.live_ranges);
+  // The lifetimes outlive the capture (a family's layout keeps them): sized as the last capture's
+  // rather than grown by doubling; finish_lifetimes() gives back a large excess.
+  lt_->bytes.reserve(s.last_blocks);
+  lt_->offsets.reserve(s.last_blocks);
+  lt_->requested_at.reserve(s.last_blocks);
+  lt_->released_at.reserve(s.last_blocks);
+  lt_->unordered_before.reserve(s.last_blocks);
   blocks_.clear();
   positions_.clear();
   live_.clear();
   live_ranges_.clear();
 }
 
+void CapturePlanner::finish_lifetimes() {
+  Lifetimes& l = *lt_;
+  if (l.bytes.capacity() <= 2 * l.bytes.size() + 64) return;
+  l.bytes.shrink_to_fit();
+  l.offsets.shrink_to_fit();
+  l.requested_at.shrink_to_fit();
+  l.released_at.shrink_to_fit();
+  l.unordered_before.shrink_to_fit();
+}
+
 PlannerStorage CapturePlanner::take_storage() {
   PlannerStorage s;
+  s.last_blocks = blocks_.size();
   s.blocks = std::move(blocks_);
   s.positions = std::move(positions_);
   s.live = std::move(live_);

@@ -125,6 +125,7 @@ struct PlannerStorage {
   std::vector<const void*> positions;
   std::vector<std::uint32_t> live;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> live_ranges;
+  std::size_t last_blocks = 0;  // blocks of the capture that used them last
   std::size_t capacity() const { return blocks.capacity(); }
 };
 
@@ -156,6 +157,8 @@ class CapturePlanner {
   void adopt(PlannerStorage&& s);
   // After the capture: the vectors, for the next capture's adopt.
   PlannerStorage take_storage();
+  // The capture ended: lifetimes reserved well past their size (after a larger capture) shrink.
+  void finish_lifetimes();
   // Whether `serial` is one of this planner's (read without its lock: the base never changes).
   bool owns(std::uint64_t serial) const { return serial - base_ < kMaxBlocks; }
   // The live block with this serial (nullptr: not this capture's, or already released).

@@ -37,6 +37,10 @@ void start_session(SessionState& st, const Bindings& b) {
     throw capture_state_error("graphsafe: this stream is already capturing; a capture cannot start inside another "
                               "(end the outer capture first, or capture on another stream)");
   st.plan.set_captured_bindings(b);
+  {
+    std::lock_guard g(core.lock);
+    st.plan.reserve(core.plan_entries_hint);
+  }
   if (st.planning) {
     // An estimate takes nothing: its requests are placed at addresses no memory backs (never
     // launched: the capture is discarded).
@@ -133,6 +137,10 @@ std::unique_ptr<GraphState> finish_session(SessionState& st) {
     if (last && last != stream_tag(st.stream)) core.backend.order_after(st.stream, tagged_stream(last));
     st.plan.set_bytes(align_up(st.bump, kAlignment));
     st.placement->finish(st);  // lifetimes, lower bound and best layout into the plan and family
+    {
+      std::lock_guard lk(core.lock);
+      core.plan_entries_hint = st.plan.entries().size();
+    }
     st.plan.finalize();
     // Debug mode: prove on the instantiated graph that every reused range is ordered (findings).
     if (core.opts.debug) [[unlikely]] audit_captured_graph(st, h);

@@ -116,6 +116,7 @@ class ReusePlacement final : public Placement {
 
   void finish(SessionState& st) override {
     std::lock_guard g(mutex_);
+    planner_.finish_lifetimes();
     const CapturePlanner& p = planner_;
     st.plan.set_peak_live_bytes(p.clique_bound());
     if (st.virt) st.plan.set_physical_bytes(align_up(p.region(), kAlignment));

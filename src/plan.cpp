@@ -13,6 +13,9 @@ void Plan::add(PlanEntry e) {
 }
 
 void Plan::finalize() {
+  // Reserved from an earlier, larger capture (the session reserves the arena's last plan size):
+  // a graph keeps its plan, so a large excess goes back.
+  if (entries_.capacity() > 2 * entries_.size() + 64) entries_.shrink_to_fit();
   guards_.clear();
   symbols_.clear();
   scalars_.clear();

@@ -83,6 +83,7 @@ class Plan {
   // Building (used by the capture session).
   void set_captured_bindings(const Bindings& b) { captured_ = b; }
   void add(PlanEntry e);
+  void reserve(std::size_t entries) { entries_.reserve(entries); }  // finalize() gives back a large excess
   void add_finding(CaptureFinding f) { findings_.push_back(std::move(f)); }
   void set_bytes(std::uint64_t b) { bytes_ = b; }
   void set_peak_live_bytes(std::uint64_t b) { peak_live_ = b; }
