@@ -34,6 +34,11 @@ from . import _graphsafe
 
 _native = getattr(_graphsafe, "ds4", None)
 
+# A deterministic host problem (paged fp8 caches, block tables, lengths, picks, queries, sinks) and
+# its CPU reference attention: Problem(ratio, window, topk, heads, max_model_len, seq_lens, seed=1,
+# fill_to=0), .grow(seq_lens), .reference(); None without the DS4 kernels.
+Problem = getattr(_native, "Problem", None)
+
 HEAD_DIM = 512
 SWA_BLOCK_TOKENS = 64
 _TOKEN_BYTES = 584  # 448 fp8 + 128 B rope bf16 + 8 scale bytes

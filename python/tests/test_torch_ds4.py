@@ -30,7 +30,7 @@ def run(args, layer, query_tokens=1):
 
 
 def problem(layer, seq_lens, seed=7, fill_to=0):
-    return gs._graphsafe.ds4.Problem(heads=H, seq_lens=seq_lens, seed=seed, fill_to=fill_to, **layer)
+    return ds4.Problem(heads=H, seq_lens=seq_lens, seed=seed, fill_to=fill_to, **layer)
 
 
 def max_rel_error(out, want):
