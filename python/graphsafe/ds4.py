@@ -1,6 +1,7 @@
-"""DS4 decode attention as a torch custom op with its workspaces from a graphsafe arena.
+"""DS4 decode attention and the C4 indexer's top-k as torch custom ops, with their workspaces from a
+graphsafe arena.
 
-    import graphsafe.ds4                                  # imports torch; registers the op
+    import graphsafe.ds4                                  # imports torch; registers the ops
     out = torch.ops.graphsafe.ds4_paged_attention(q, sink, seq_lens, topk_local,
                                                   swa_cache, swa_block_table, cmp_cache, cmp_block_table,
                                                   ratio, window, topk, max_model_len, query_tokens)
@@ -15,8 +16,11 @@ lengths and picks are read from device memory at run time). Shapes, with R*s_q q
     swa_cache [blocks, 37440] uint8           swa_block_table [R, blocks per request] int32
     cmp_cache [blocks, stride] uint8, cmp_block_table [R, n] int32 (C4/C128; None for C1)
 
-The op returns out [R*s_q, H, 512] bf16. Its fake kernel gives torch.compile the output's shape
-without running anything (fullgraph tracing, FakeTensor and meta tensors).
+The attention returns out [R*s_q, H, 512] bf16. `torch.ops.graphsafe.ds4_indexer_topk(q, weights,
+seq_lens, index_cache, cmp_block_table, topk, max_model_len)` picks a C4 layer's rows: topk_local
+[R, topk] int32 from fp8 queries [R, 64, 128], head weights [R, 64] and the paged fp8 indexer keys.
+Each op has a fake kernel that gives torch.compile the output's shape without running anything
+(fullgraph tracing, FakeTensor and meta tensors).
 
 Workspaces come from the arena set with `use_arena(arena)`, else from a per-device arena on
 TorchCudaBackend (`workspace_arena()`). Inside a CUDA graph, capture with that arena
@@ -178,6 +182,74 @@ def _paged_attention_fake(q, sink, seq_lens, topk_local, swa_cache, swa_block_ta
     _check(q, sink, seq_lens, topk_local, swa_cache, swa_block_table, cmp_cache, cmp_block_table, ratio, window, topk,
            max_model_len, query_tokens)
     return torch.empty_like(q)
+
+
+INDEXER_HEADS = 64
+INDEXER_DIM = 128
+
+
+def indexer_block_stride_bytes(block_rows: int = 64) -> int:
+    """Bytes of one indexer-cache block: `block_rows` fp8 rows of 128, then one fp32 scale per row."""
+    return (block_rows * (INDEXER_DIM + 4) + 15) // 16 * 16
+
+
+def _check_indexer(q, weights, seq_lens, index_cache, cmp_block_table, topk, max_model_len):
+    fn = "graphsafe.ds4.indexer_topk"
+
+    def fail(what, got, allowed):
+        raise ValueError(f"{fn}: {what} = {got} is not supported; allowed: {allowed}")
+
+    if not 1 <= topk <= 2048:
+        fail("topk", topk, "1 .. 2048")
+    if max_model_len < 1:
+        fail("max_model_len", max_model_len, ">= 1")
+    if seq_lens.dim() != 1 or seq_lens.dtype != torch.int32:
+        fail("seq_lens", f"{seq_lens.dtype} {tuple(seq_lens.shape)}", "int32 [requests]")
+    requests = seq_lens.shape[0]
+    if q.dtype not in (torch.uint8, torch.float8_e4m3fn) or tuple(q.shape) != (requests, INDEXER_HEADS, INDEXER_DIM):
+        fail("q", f"{q.dtype} {tuple(q.shape)}", f"fp8 e4m3 (uint8 or float8_e4m3fn) [{requests}, 64, 128]")
+    if weights.dtype != torch.float32 or tuple(weights.shape) != (requests, INDEXER_HEADS):
+        fail("weights", f"{weights.dtype} {tuple(weights.shape)}", f"float32 [{requests}, 64]")
+    stride = indexer_block_stride_bytes()
+    if index_cache.dtype != torch.uint8 or index_cache.dim() != 2 or index_cache.shape[1] != stride:
+        fail("index_cache", f"{index_cache.dtype} {tuple(index_cache.shape)}", f"uint8 [blocks, {stride}]")
+    if cmp_block_table.dtype != torch.int32 or cmp_block_table.dim() != 2 or cmp_block_table.shape[0] != requests:
+        fail("cmp_block_table", f"{cmp_block_table.dtype} {tuple(cmp_block_table.shape)}",
+             f"int32 [{requests}, blocks per request]")
+
+
+@torch.library.custom_op("graphsafe::ds4_indexer_topk", mutates_args=(), device_types="cuda")
+def indexer_topk(q: torch.Tensor, weights: torch.Tensor, seq_lens: torch.Tensor, index_cache: torch.Tensor,
+                 cmp_block_table: torch.Tensor, topk: int, max_model_len: int) -> torch.Tensor:
+    """A C4 layer's lightning indexer: scores of every visible compressed row, then the top-k local
+    row ids per request (what ds4_paged_attention's topk_local takes), int32 [requests, topk], -1 padded.
+    The logits [requests, ceil(max_model_len / 4)] are an arena workspace."""
+    _check_indexer(q, weights, seq_lens, index_cache, cmp_block_table, topk, max_model_len)
+    native = _native_ops()
+    device = q.device
+    for t in (q, weights, seq_lens, index_cache, cmp_block_table):
+        if t.device != device or not t.is_contiguous():
+            raise ValueError(f"graphsafe.ds4.indexer_topk: every tensor must be contiguous on {device}; got one "
+                             f"on {t.device} (contiguous: {t.is_contiguous()})")
+    out = torch.empty(seq_lens.shape[0], topk, dtype=torch.int32, device=device)
+    native.indexer_topk(
+        _current_arena(device.index), topk=topk, max_model_len=max_model_len, batch=seq_lens.shape[0],
+        seq_lens=seq_lens.data_ptr(), q=q.data_ptr(), weights=weights.data_ptr(), cache=index_cache.data_ptr(),
+        cache_num_blocks=index_cache.shape[0], block_table=cmp_block_table.data_ptr(),
+        blocks_per_req=cmp_block_table.shape[1], topk_local=out.data_ptr(),
+        stream=torch.cuda.current_stream(device).cuda_stream)
+    return out
+
+
+@indexer_topk.register_fake
+def _indexer_topk_fake(q, weights, seq_lens, index_cache, cmp_block_table, topk, max_model_len):
+    _check_indexer(q, weights, seq_lens, index_cache, cmp_block_table, topk, max_model_len)
+    return q.new_empty((seq_lens.shape[0], topk), dtype=torch.int32)
+
+
+# Indexer inputs of a C4 Problem on the host (fp8 key cache, queries, head weights) and the CPU
+# reference top-k: IndexerInputs(problem, seed=2, tie_every=0), .topk(problem); None without the kernels.
+IndexerInputs = getattr(_native, "IndexerInputs", None)
 
 
 def workspace_bytes(ratio: int, window: int, topk: int, heads: int, max_model_len: int, requests: int,

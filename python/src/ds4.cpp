@@ -1,14 +1,20 @@
-// graphsafe._graphsafe.ds4: one DS4 layer's paged decode attention with its workspaces from an
-// arena (graphsafe/ds4.py registers it as a torch custom op), and the CPU reference problem and
-// attention the op is checked against. Built when the DS4 kernels are (GRAPHSAFE_BUILD_DS4).
+// graphsafe._graphsafe.ds4: one DS4 layer's paged decode attention and a C4 layer's indexer top-k,
+// with their workspaces from an arena (graphsafe/ds4.py registers them as torch custom ops), and the
+// CPU reference problem, indexer inputs, attention and top-k they are checked against. Built when
+// the DS4 kernels are (GRAPHSAFE_BUILD_DS4).
 #include "common.hpp"
 
+#include <graphsafe/ds4/indexer.hpp>
+#include <graphsafe/ds4/indexer_kernels.hpp>
 #include <graphsafe/ds4/paged_attention.hpp>
 #include <graphsafe/ds4/problem.hpp>
 #include <graphsafe/ds4/reference.hpp>
+#include <graphsafe/policies/capacity_bound.hpp>
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/vector.h>
+
+#include <string>
 
 #include <cstdint>
 #include <map>
@@ -66,6 +72,11 @@ struct Problem {
   std::uint64_t seed = 0;
 };
 
+struct IndexerInputs {
+  ds4::ref::IndexerInputs in;
+  int batch = 0;
+};
+
 }  // namespace
 
 void bind_ds4(nb::module_& parent) {
@@ -111,6 +122,46 @@ void bind_ds4(nb::module_& parent) {
       "Index build + attention of one layer on `stream` (device pointers as ints), workspaces from `arena`");
 
   m.def(
+      "indexer_topk",
+      [](Arena& arena, int topk, int max_model_len, int batch, std::uintptr_t seq_lens, std::uintptr_t q,
+         std::uintptr_t weights, std::uintptr_t cache, int cache_num_blocks, std::uintptr_t block_table,
+         int blocks_per_req, std::uintptr_t topk_local, nb::handle stream) {
+        const ds4::LayerConfig c = layer(4, ds4::kDefaultWindow, topk, 64, max_model_len);
+        Op& op = op_for(c, 1);  // the layer's symbols (and its checks of topk and max_model_len)
+        const Stream s = to_stream(arena.backend(), stream);
+        // The logits' row stride is every request's compressed capacity, ceil(max_model_len / 4): a
+        // static extent, so capacity_bound sizes it exactly and a graph needs no guard for it.
+        const std::int64_t N = c.compressed_capacity();
+        Bindings b;
+        b.set(op.symbols.requests, batch);
+        Workspace logits =
+            arena.request(s, "ds4.indexer.logits", Extent(op.symbols.requests) * N, sizeof(float), capacity_bound, b);
+        ds4::cuda::IndexerScoreArgs sa;
+        sa.batch = batch;
+        sa.N = N;
+        sa.seq_lens = ptr<const std::int32_t>(seq_lens);
+        sa.q = ptr<const std::uint8_t>(q);
+        sa.weights = ptr<const float>(weights);
+        sa.cache.base = ptr<std::uint8_t>(cache);
+        sa.cache.num_blocks = cache_num_blocks;
+        sa.block_table = ptr<const std::int32_t>(block_table);
+        sa.blocks_per_req = blocks_per_req;
+        sa.logits = logits.as<float>();
+        ds4::cuda::indexer_score(sa, s.cuda());
+        ds4::cuda::IndexerTopkArgs ta;
+        ta.batch = batch;
+        ta.N = N;
+        ta.k = topk;
+        ta.seq_lens = sa.seq_lens;
+        ta.logits = logits.as<float>();
+        ta.topk_local = ptr<std::int32_t>(topk_local);
+        ds4::cuda::indexer_topk(ta, s.cuda());
+      },
+      "arena"_a, "topk"_a, "max_model_len"_a, "batch"_a, "seq_lens"_a, "q"_a, "weights"_a, "cache"_a,
+      "cache_num_blocks"_a, "block_table"_a, "blocks_per_req"_a, "topk_local"_a, nb::arg("stream").none(),
+      "Indexer scores + top-k of a C4 layer on `stream` (device pointers as ints), logits from `arena`");
+
+  m.def(
       "workspace_bytes",
       [](int ratio, int window, int topk, int heads, int max_model_len, int query_tokens, int batch) {
         const ds4::LayerConfig c = layer(ratio, window, topk, heads, max_model_len);
@@ -139,6 +190,17 @@ void bind_ds4(nb::module_& parent) {
            "ratio"_a, "window"_a, "topk"_a, "heads"_a, "max_model_len"_a, "seq_lens"_a, "seed"_a = 1, "fill_to"_a = 0)
       .def("grow", [](Problem& pr, const std::vector<std::int32_t>& lens) { ds4::grow(pr.p, lens, pr.seed); },
            "seq_lens"_a, "New lengths (each <= fill_to) and the C4 picks that go with them")
+      .def("set_topk_local",
+           [](Problem& pr, nb::ndarray<const std::int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> picks) {
+             if (pr.p.cfg.ratio != 4 || picks.shape(0) != static_cast<std::size_t>(pr.p.batch) ||
+                 picks.shape(1) != static_cast<std::size_t>(pr.p.cfg.topk))
+               throw invalid_argument_error("graphsafe.ds4.Problem.set_topk_local: picks of shape [" +
+                                            std::to_string(picks.shape(0)) + ", " + std::to_string(picks.shape(1)) +
+                                            "]; a C4 problem takes [" + std::to_string(pr.p.batch) + ", " +
+                                            std::to_string(pr.p.cfg.topk) + "]");
+             pr.p.topk_local.assign(picks.data(), picks.data() + picks.size());
+           },
+           "picks"_a, "C4: replace the top-k picks the reference attends (e.g. with the indexer's)")
       .def_prop_ro("batch", [](const Problem& pr) { return pr.p.batch; })
       .def_prop_ro("swa_num_blocks", [](const Problem& pr) { return pr.p.swa_num_blocks; })
       .def_prop_ro("cmp_num_blocks", [](const Problem& pr) { return pr.p.cmp_num_blocks; })
@@ -186,6 +248,37 @@ void bind_ds4(nb::module_& parent) {
                                            static_cast<std::size_t>(pr.p.cfg.heads), std::size_t{ds4::kHeadDim}});
            },
            "The CPU reference attention, fp32 [B, H, 512]");
+
+  nb::class_<IndexerInputs>(m, "IndexerInputs",
+                            "A C4 problem's indexer inputs on the host: the fp8 key cache (paged like the "
+                            "compressed cache, same block table), fp8 queries [B, 64, 128] and head weights [B, 64]")
+      .def("__init__",
+           [](IndexerInputs* self, const Problem& pr, std::uint64_t seed, int tie_every) {
+             if (pr.p.cfg.ratio != 4)
+               throw invalid_argument_error("graphsafe.ds4.IndexerInputs: ratio = " + std::to_string(pr.p.cfg.ratio) +
+                                            " has no indexer; only C4 problems (ratio 4) do");
+             new (self) IndexerInputs{ds4::ref::make_indexer_inputs(pr.p, seed, tie_every), pr.p.batch};
+           },
+           "problem"_a, "seed"_a = 2, "tie_every"_a = 0)
+      .def_prop_ro("cache",
+                   [](const IndexerInputs& x) {
+                     return array(x.in.cache_bytes, {static_cast<std::size_t>(x.in.cache.num_blocks), x.in.cache.stride});
+                   })
+      .def_prop_ro("q",
+                   [](const IndexerInputs& x) {
+                     return array(x.in.q, {static_cast<std::size_t>(x.batch), std::size_t{ds4::kIndexerHeads},
+                                           std::size_t{ds4::kIndexerDim}});
+                   })
+      .def_prop_ro("weights",
+                   [](const IndexerInputs& x) {
+                     return array(x.in.weights, {static_cast<std::size_t>(x.batch), std::size_t{ds4::kIndexerHeads}});
+                   })
+      .def("topk",
+           [](const IndexerInputs& x, const Problem& pr) {
+             std::vector<std::int32_t> t = ds4::ref::indexer_topk_all(pr.p, x.in);
+             return array(std::move(t), {static_cast<std::size_t>(pr.p.batch), static_cast<std::size_t>(pr.p.cfg.topk)});
+           },
+           "problem"_a, "The CPU reference top-k [B, topk] at the problem's current lengths");
 }
 
 }  // namespace graphsafe::python

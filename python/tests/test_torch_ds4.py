@@ -1,7 +1,7 @@
-"""graphsafe.ds4's torch custom op, one DS4 layer's paged decode attention with arena workspaces:
-against the CPU reference, traced by torch.compile(fullgraph=True) and make_fx through its fake
-kernel, captured with the arena and replayed as the sequences grow (equal to eager at every step),
-and refused inside a capture graphsafe did not start. The fake-kernel tests need torch only; the
+"""graphsafe.ds4's torch custom ops, one DS4 layer's paged decode attention and a C4 layer's indexer
+top-k, with arena workspaces: against the CPU reference, traced by torch.compile(fullgraph=True) and
+make_fx through their fake kernels, captured with the arena and replayed as the sequences grow
+(equal to eager at every step), and refused inside a capture graphsafe did not start. The fake-kernel tests need torch only; the
 others a CUDA device and an extension built with the DS4 kernels (each skipped with the reason)."""
 import numpy as np
 import pytest
@@ -44,6 +44,20 @@ def max_rel_error(out, want):
     return float((dn[rn > 0] / rn[rn > 0]).max())
 
 
+IX_ORDER = ["q", "weights", "seq_lens", "index_cache", "cmp_block_table"]
+
+
+def pick(ix, layer):
+    return torch.ops.graphsafe.ds4_indexer_topk(*(ix[k] for k in IX_ORDER), layer["topk"], layer["max_model_len"])
+
+
+def indexer_tensors(inputs, args):
+    """The indexer op's arguments for IndexerInputs of a problem whose tensors are `args`."""
+    return {"q": torch.from_numpy(inputs.q).cuda(), "weights": torch.from_numpy(inputs.weights).cuda(),
+            "seq_lens": args["seq_lens"], "index_cache": torch.from_numpy(inputs.cache).cuda(),
+            "cmp_block_table": args["cmp_block_table"]}
+
+
 def meta_args(layer, requests=3, heads=H):
     stride = ds4.block_stride_bytes(64)
     cmp = layer["ratio"] > 1
@@ -77,6 +91,19 @@ def test_the_fake_kernel_refuses_bad_shapes_naming_the_value_and_the_limit():
     args = meta_args(layer, heads=96)
     with pytest.raises(ValueError, match=r"heads\) = 96 .*64 or 128"):
         run(args, layer)
+
+
+def test_the_indexer_fake_kernel_gives_the_picks_shape_and_checks_its_inputs():
+    m = dict(device="meta")
+    ix = {"q": torch.empty(3, 64, 128, dtype=torch.uint8, **m), "weights": torch.empty(3, 64, **m),
+          "seq_lens": torch.empty(3, dtype=torch.int32, **m),
+          "index_cache": torch.empty(8, ds4.indexer_block_stride_bytes(), dtype=torch.uint8, **m),
+          "cmp_block_table": torch.empty(3, 8, dtype=torch.int32, **m)}
+    picks = pick(ix, LAYERS["C4"])
+    assert picks.device.type == "meta" and picks.dtype == torch.int32 and tuple(picks.shape) == (3, 128)
+    ix["weights"] = torch.empty(3, 32, **m)
+    with pytest.raises(ValueError, match=r"weights = torch.float32 \(3, 32\).*float32 \[3, 64\]"):
+        pick(ix, LAYERS["C4"])
 
 
 def test_make_fx_traces_the_op_through_its_fake_kernel():
@@ -128,7 +155,7 @@ def test_the_captured_op_replays_equal_to_eager_as_sequences_grow():
     p = problem(layer, steps[0], seed=11, fill_to=2048)
     args = ds4.problem_tensors(p)
     arena = gs.Arena(gs.TorchCudaBackend(), gs.ArenaOptions(report_findings=False))
-    arena.reserve(ds4.workspace_bytes(heads=H, requests=4, **layer) + (1 << 20))
+    arena.reserve(ds4.workspace_bytes(heads=H, requests=4, **layer) + (8 << 20))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), ds4.use_arena(arena):
@@ -145,6 +172,53 @@ def test_the_captured_op_replays_equal_to_eager_as_sequences_grow():
             eager = run(args, layer)
             side.synchronize()
             assert torch.equal(graph_out, eager), lens
+            assert max_rel_error(graph_out, p.reference()) <= 1e-2, lens
+
+
+@needs_gpu
+def test_the_indexer_op_matches_the_cpu_reference():
+    layer = LAYERS["C4"]
+    p = problem(layer, [0, 3, 300, 513, 2048])  # no rows, n_c <= topk (in order), n_c > topk (scored)
+    inputs = ds4.IndexerInputs(p, seed=8, tie_every=7)  # repeated rows: ties broken by the lower row
+    got = pick(indexer_tensors(inputs, ds4.problem_tensors(p)), layer)
+    assert np.array_equal(got.cpu().numpy(), inputs.topk(p))
+
+
+@needs_gpu
+def test_the_captured_indexer_and_attention_replay_equal_to_eager_as_sequences_grow():
+    """The C4 decode path: the indexer's picks feed the attention, both captured once at short
+    context and replayed through the switch to scored top-k."""
+    layer = LAYERS["C4"]
+    steps = [[3, 5], [15, 33], [36, 40], [255, 257], [511, 600], [1500, 2048]]
+    p = problem(layer, steps[0], seed=7, fill_to=2048)
+    inputs = ds4.IndexerInputs(p, seed=8, tie_every=7)
+    args = ds4.problem_tensors(p)
+    ix = indexer_tensors(inputs, args)
+
+    def step():
+        picks = pick(ix, layer)
+        return picks, run(dict(args, topk_local=picks), layer)
+
+    arena = gs.Arena(gs.TorchCudaBackend(), gs.ArenaOptions(report_findings=False))
+    logits = 2 * (layer["max_model_len"] // 4) * 4
+    arena.reserve(ds4.workspace_bytes(heads=H, requests=2, **layer) + logits + (8 << 20))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), ds4.use_arena(arena):
+        step()
+        with arena.capture(gs.Bindings()) as cap:
+            graph_picks, graph_out = step()
+        assert all(e["replay_safe"] for e in cap.graph.plan.entries), cap.graph.plan.report()
+        for lens in steps:
+            p.grow(lens)
+            args["seq_lens"].copy_(torch.from_numpy(p.seq_lens))
+            cap.graph.replay(gs.Bindings())
+            eager_picks, eager_out = step()
+            side.synchronize()
+            assert torch.equal(graph_picks, eager_picks) and torch.equal(graph_out, eager_out), lens
+            want = inputs.topk(p)
+            assert np.array_equal(graph_picks.cpu().numpy(), want), lens
+            p.set_topk_local(want)
             assert max_rel_error(graph_out, p.reference()) <= 1e-2, lens
 
 
