@@ -133,6 +133,21 @@ def test_the_op_matches_the_cpu_reference(name):
 
 
 @needs_gpu
+def test_opcheck_finds_the_fake_kernels_consistent_with_the_real_ones():
+    """torch.library.opcheck: the schema (no input mutated) and each fake kernel's output metadata
+    against the real kernel's, for both ops."""
+    layer = LAYERS["C4"]
+    p = problem(layer, [3, 64, 700])
+    args = ds4.problem_tensors(p)
+    utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.graphsafe.ds4_paged_attention.default,
+                          tuple(args[k] for k in ORDER) + (4, 128, 128, 2048, 1), test_utils=utils)
+    ix = indexer_tensors(ds4.IndexerInputs(p), args)
+    torch.library.opcheck(torch.ops.graphsafe.ds4_indexer_topk.default, tuple(ix[k] for k in IX_ORDER) + (128, 2048),
+                          test_utils=utils)
+
+
+@needs_gpu
 def test_torch_compile_fullgraph_traces_the_op():
     layer = LAYERS["C4"]
     p = problem(layer, [3, 64, 129, 1000])
