@@ -101,9 +101,18 @@ def use_arena(arena):
         stack.pop()
 
 
-def _current_arena(device: int):
+def _current_arena(device: int, op: str):
     stack = getattr(_local, "stack", None)
-    return stack[-1] if stack else workspace_arena(device)
+    arena = stack[-1] if stack else workspace_arena(device)
+    # The arena checks the stream's capture only while one of its own captures is under way; with
+    # none, a workspace requested in torch's capture would go back to the arena when the op returns
+    # and be reused under the graph. Refuse it here.
+    if torch.cuda.is_current_stream_capturing() and arena.stats()["active_captures"] == 0:
+        raise _graphsafe.CaptureStateError(
+            f"graphsafe.ds4.{op}: the current stream is capturing a CUDA graph outside graphsafe; capture with the "
+            "op's arena (`with arena.capture(bindings):`, a torch.cuda.graph capture on TorchCudaBackend), which "
+            "keeps the op's workspaces for the graph")
+    return arena
 
 
 # --- argument checks, shared by the CUDA kernel and the fake one --------------------------------
@@ -165,7 +174,7 @@ def paged_attention(q: torch.Tensor, sink: torch.Tensor, seq_lens: torch.Tensor,
     out = torch.empty_like(q)
     ptr = lambda t: 0 if t is None or t.numel() == 0 else t.data_ptr()  # noqa: E731
     native.paged_attention(
-        _current_arena(device.index), ratio=ratio, window=window, topk=topk, heads=q.shape[1],
+        _current_arena(device.index, "paged_attention"), ratio=ratio, window=window, topk=topk, heads=q.shape[1],
         max_model_len=max_model_len, query_tokens=query_tokens, batch=seq_lens.shape[0], seq_lens=ptr(seq_lens),
         topk_local=ptr(topk_local) if ratio == 4 else 0, swa_cache=ptr(swa_cache), swa_num_blocks=swa_cache.shape[0],
         swa_block_table=ptr(swa_block_table), swa_blocks_per_req=swa_block_table.shape[1],
@@ -233,7 +242,7 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, seq_lens: torch.Tensor,
                              f"on {t.device} (contiguous: {t.is_contiguous()})")
     out = torch.empty(seq_lens.shape[0], topk, dtype=torch.int32, device=device)
     native.indexer_topk(
-        _current_arena(device.index), topk=topk, max_model_len=max_model_len, batch=seq_lens.shape[0],
+        _current_arena(device.index, "indexer_topk"), topk=topk, max_model_len=max_model_len, batch=seq_lens.shape[0],
         seq_lens=seq_lens.data_ptr(), q=q.data_ptr(), weights=weights.data_ptr(), cache=index_cache.data_ptr(),
         cache_num_blocks=index_cache.shape[0], block_table=cmp_block_table.data_ptr(),
         blocks_per_req=cmp_block_table.shape[1], topk_local=out.data_ptr(),
