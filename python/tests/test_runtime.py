@@ -1,8 +1,9 @@
 """The extension's C++ runtime is its own: it exports only its entry point and the torch allocator's
-functions, and a libstdc++.so.6 that another library put in the process' global scope (torch does,
-through libtorch_global_deps) does not take over its locale and iostream calls. A module linked with
-a static libstdc++ and exporting it crashed there on its first formatted number, the message of a
-refused replay."""
+functions, and a libstdc++.so.6 loaded before it (NumPy and torch load one; here in the global
+scope, as torch's global dependencies are) does not take over its locale and iostream state. A
+module linked with another GCC's libstdc++.a and exporting it crashed after NumPy's import on its
+first formatted number, the message of a refused replay: the runtime's unique symbols (each locale
+facet's id) had bound to the library loaded first."""
 import ctypes.util
 import shutil
 import subprocess
