@@ -68,14 +68,14 @@ __device__ __forceinline__ void produce_tiles(const Params& p, std::uint8_t* Ks,
     uint4 w[2][9];
     uint2 sc[2];
     // Addresses of a row of tile t: the cache row, or the zero row (an invalid slot, a row past
-    // T or past t_end, the probe). The loads are then unconditional: no zeroing of w[] and no
+    // T or past t_end). The loads are then unconditional: no zeroing of w[] and no
     // branch per row.
     const std::uint8_t* const zero = g_zero_row;
     auto row_addr = [&](int t, int row, int slot, const std::uint8_t*& d, const std::uint8_t*& scp) {
       const CacheView& cv = t * kTileRows + row < n_cmp ? p.cmp : p.swa;
       d = zero;
       scp = zero + kTokenDataBytes;
-      if (cv.valid(slot) && !(p.probe & 1)) cv.locate(slot, d, scp);
+      if (cv.valid(slot)) cv.locate(slot, d, scp);
     };
     auto issue_row = [&](int rr, const std::uint8_t* d, const std::uint8_t* scp) {  // row rr's loads into w[rr]
       const uint4* src = reinterpret_cast<const uint4*>(d) + q;
@@ -166,7 +166,7 @@ __device__ __forceinline__ void produce_tiles(const Params& p, std::uint8_t* Ks,
     // Workspace rows (bf16): chunk c = q + 4m (m < 16) -> kr + 128 q + 512 m; 16 loads per row,
     // the first row's issued before the stage wait (both rows' would take 128 registers).
     auto row_ptr = [&](long long slot) -> const std::uint8_t* {  // null: invalid row or no tile -> zeros
-      if (slot < 0 || slot >= p.ws_rows || (p.probe & 1)) return nullptr;
+      if (slot < 0 || slot >= p.ws_rows) return nullptr;
       return reinterpret_cast<const std::uint8_t*>(p.ws + slot * kHeadDim);
     };
     // L2 prefetch of this thread's quarter of its two rows (the 4 threads of a row split its lines).
