@@ -65,7 +65,11 @@ struct Fixture {
   std::shared_ptr<std::map<std::uintptr_t, int>> live;
   std::shared_ptr<ChunkRegistrar> reg;
   std::unique_ptr<Arena> arena;
-  Symbol rows = Symbol::dynamic("tokens", kMaxRows);
+  // The engine's bound is far above the graph's kMaxRows rows, which the policy reserves: the plan's
+  // guard, not the symbol, refuses more.
+  Symbol rows = Symbol::dynamic("tokens", 1 << 20);
+  StaticQueryBound bucket{Extent(kMaxRows) * kRowBytes};
+  StaticQueryBound bucket2{Extent(kMaxRows) * (2 * kRowBytes)};
 
   explicit Fixture(RegistrarOptions ro = {}) {
     auto c = std::make_unique<RecordingCalls>(&s);
@@ -93,8 +97,8 @@ struct Fixture {
   // all-gather's shapes), capacity-bound, touched as prefixes; "the collective" copies send twice.
   CapturedGraph capture_step(const Bindings& b, std::vector<std::int64_t>& out, void** recv_at) {
     return capture(*arena, s, b, [&](const Bindings& bb) {
-      auto send = arena->request(s, "tp.send", Extent(rows) * kRowBytes, 1, capacity_bound, bb);
-      auto recv = arena->request(s, "tp.recv", Extent(rows) * (2 * kRowBytes), 1, capacity_bound, bb);
+      auto send = arena->request(s, "tp.send", Extent(rows) * kRowBytes, 1, bucket, bb);
+      auto recv = arena->request(s, "tp.recv", Extent(rows) * (2 * kRowBytes), 1, bucket2, bb);
       auto* sp = send.as<std::int64_t>();
       auto* rp = recv.as<std::int64_t>();
       *recv_at = rp;
@@ -182,7 +186,8 @@ TEST_CASE("nccl registrar: no registration during capture, each mapped chunk reg
 
   // A replay past the capacity is refused by the guards before anything maps or registers.
   const auto calls_at_refusal = f.log->size();
-  CHECK_THROWS_AS(g.replay(f.bind(kMaxRows + 1), f.s), capacity_error);
+  const Bindings over = f.bind(kMaxRows + 1);
+  CHECK_THROWS_AS(g.replay(over, f.s), guard_failure);
   CHECK(f.log->size() == calls_at_refusal);
 
   // Shrinking unmaps: those chunks are deregistered first.
@@ -201,13 +206,13 @@ TEST_CASE("nccl registrar: a second capture of the family reuses registered chun
   CaptureOptions co;
   co.family = f.arena->family("tp");
   auto g1 = capture(*f.arena, f.s, f.bind(64), [&](const Bindings& bb) {
-    auto w = f.arena->request(f.s, "tp.recv", Extent(f.rows) * kRowBytes, 1, capacity_bound, bb);
+    auto w = f.arena->request(f.s, "tp.recv", Extent(f.rows) * kRowBytes, 1, f.bucket, bb);
     recv1 = w.data();
   }, co);
   f.reg->flush();
   const auto regs = f.reg->stats().registrations;
   auto g2 = capture(*f.arena, f.s, f.bind(64), [&](const Bindings& bb) {
-    auto w = f.arena->request(f.s, "tp.recv", Extent(f.rows) * kRowBytes, 1, capacity_bound, bb);
+    auto w = f.arena->request(f.s, "tp.recv", Extent(f.rows) * kRowBytes, 1, f.bucket, bb);
     recv2 = w.data();
   }, co);
   // Same family, same layout: the same chunks, already registered; nothing deferred.
