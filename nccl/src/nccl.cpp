@@ -132,6 +132,12 @@ std::uint64_t elements_of(const Workspace& w, std::uint64_t eb, const char* what
                                  "-byte element");
   return w.bytes() / eb;
 }
+// What a failing collective over a workspace most often means in virtual mode.
+std::string collective_call(const char* call) {
+  return std::string(call) +
+         " (over whole workspaces: under capture every byte of their reservations must be mapped -- in "
+         "virtual mode request them with a footprint covering the reservation, Footprint::prefix)";
+}
 }  // namespace
 
 void all_gather(const Workspace& send, const Workspace& recv, ncclDataType_t type, ncclComm_t comm,
@@ -143,7 +149,8 @@ void all_gather(const Workspace& send, const Workspace& recv, ncclDataType_t typ
     throw invalid_argument_error("graphsafe::nccl: all_gather of " + std::to_string(send.bytes()) + " bytes per rank over " +
                                  std::to_string(ranks) + " ranks needs a receive workspace of " +
                                  std::to_string(n * ranks * eb) + " bytes; it holds " + std::to_string(recv.bytes()));
-  check(ncclAllGather(send.data(), recv.data(), n, type, comm, stream), "ncclAllGather", comm);
+  const ncclResult_t r = ncclAllGather(send.data(), recv.data(), n, type, comm, stream);
+  if (r != ncclSuccess) check(r, collective_call("ncclAllGather").c_str(), comm);
 }
 
 void all_reduce(const Workspace& send, const Workspace& recv, ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
@@ -153,7 +160,8 @@ void all_reduce(const Workspace& send, const Workspace& recv, ncclDataType_t typ
   if (recv.bytes() < send.bytes())
     throw invalid_argument_error("graphsafe::nccl: all_reduce of " + std::to_string(send.bytes()) +
                                  " bytes needs a receive workspace of as many; it holds " + std::to_string(recv.bytes()));
-  check(ncclAllReduce(send.data(), recv.data(), n, type, op, comm, stream), "ncclAllReduce", comm);
+  const ncclResult_t r = ncclAllReduce(send.data(), recv.data(), n, type, op, comm, stream);
+  if (r != ncclSuccess) check(r, collective_call("ncclAllReduce").c_str(), comm);
 }
 
 LocalComms::LocalComms(int nranks) : n_(nranks) {

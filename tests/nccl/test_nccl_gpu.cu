@@ -1,11 +1,12 @@
 // NCCL inside captured graphs on registered arena memory, with the ranks this machine has (one
 // GPU: one rank, ncclGetUniqueId + ncclCommInitRank with nranks = 1).
-//   - collectives: all-gather and all-reduce over capacity-bound arena workspaces inside a graph;
-//     no registration call is made while the stream captures (checked with cudaStreamIsCapturing
-//     at every call), each mapped chunk is registered once, growth registers only new chunks, a
-//     replay equals the same collectives run eagerly on cudaMalloc buffers (bit for bit) and the
-//     values the fill kernel wrote (computed on the host) as the sizes change within the capacity,
-//     and the plan's guard refuses the replay past it before launch.
+//   - collectives: all-gather and all-reduce over arena workspaces inside graphs of two buckets of
+//     rows; no registration call is made while the stream captures (checked with
+//     cudaStreamIsCapturing at every call), each mapped chunk is registered once, the larger
+//     bucket's growth registers only its new chunks and replays register nothing, a replay equals
+//     the same collectives run eagerly on cudaMalloc buffers (bit for bit) and the values the fill
+//     kernel wrote (computed on the host) as the rows change within the bucket, and the plan's
+//     guard refuses the replay past it before launch.
 //   - tensor-parallel DS4 decode: the attention heads split by rank (rank r attends its H / world
 //     heads), the per-rank outputs all-gathered inside the graph and put back in head order; the
 //     result equals the single-GPU attention over all heads bit for bit, and replays equal eager
@@ -101,23 +102,29 @@ TEST_CASE("nccl: all-gather and all-reduce in a graph on registered arena worksp
       ArenaOptions ao;
       ao.virtual_memory = vm;
       ao.virtual_reserve_bytes = 1ull << 30;
+      ao.report_findings = false;  // the buckets' bounds are reported as frozen sizes: the guards are the point
       Arena arena(backend, ao);
-      // The engine's bound on tokens is far above this graph's bucket of kMaxRows rows, which the
-      // policy reserves: the plan's guard, not the symbol, refuses more.
+      // The engine's bound on tokens is far above a graph's bucket, which the policy reserves:
+      // the plan's guard, not the symbol, refuses more.
       const Symbol rows = Symbol::dynamic("tokens", 1 << 20);
-      const StaticQueryBound bucket(Extent(kMaxRows) * kRow);
-      const StaticQueryBound bucket_all(Extent(kMaxRows) * (kRow * world));
       auto n_dev = ds4::cuda::device_alloc(8);
       Collectives at;
-      auto step = [&](const Bindings& bb) {
-        auto send = arena.request(dev.s, "tp.send", Extent(rows) * kRow, 4, bucket, bb);
-        auto reduced = arena.request(dev.s, "tp.reduced", Extent(rows) * kRow, 4, bucket, bb);
-        auto gathered = arena.request(dev.s, "tp.gathered", Extent(rows) * (kRow * world), 4, bucket_all, bb);
-        fill<<<264, 256, 0, dev.s>>>(send.as<float>(), reinterpret_cast<std::int64_t*>(n_dev.get()), kRow, 7);
-        GRAPHSAFE_CUDA(cudaGetLastError());
-        gn::all_reduce(send, reduced, ncclFloat32, ncclSum, comm, dev.s);
-        gn::all_gather(send, gathered, ncclFloat32, comm, dev.s);
-        at = {send.data(), reduced.data(), gathered.data()};
+      // One graph per bucket of rows. A captured collective's count is fixed: it covers the whole
+      // bucket, so the footprint is the whole reservation (mapped -- and registered -- at capture).
+      auto step_for = [&](std::int64_t bucket) {
+        return [&, bucket](const Bindings& bb) {
+          const StaticQueryBound one{Extent(bucket) * kRow}, all{Extent(bucket) * (kRow * world)};
+          const Footprint one_fp = Footprint::prefix(Extent(bucket) * kRow);
+          const Footprint all_fp = Footprint::prefix(Extent(bucket) * (kRow * world));
+          auto send = arena.request(dev.s, "tp.send", Extent(rows) * kRow, 4, one, bb, one_fp);
+          auto reduced = arena.request(dev.s, "tp.reduced", Extent(rows) * kRow, 4, one, bb, one_fp);
+          auto gathered = arena.request(dev.s, "tp.gathered", Extent(rows) * (kRow * world), 4, all, bb, all_fp);
+          fill<<<264, 256, 0, dev.s>>>(send.as<float>(), reinterpret_cast<std::int64_t*>(n_dev.get()), kRow, 7);
+          GRAPHSAFE_CUDA(cudaGetLastError());
+          gn::all_reduce(send, reduced, ncclFloat32, ncclSum, comm, dev.s);
+          gn::all_gather(send, gathered, ncclFloat32, comm, dev.s);
+          at = {send.data(), reduced.data(), gathered.data()};
+        };
       };
       auto bind = [&](std::int64_t n) {
         Bindings b;
@@ -134,34 +141,54 @@ TEST_CASE("nccl: all-gather and all-reduce in a graph on registered arena worksp
       gn::check(ncclAllReduce(e_send.get(), e_red.get(), kRow, ncclFloat32, ncclSum, comm, dev.s), "ncclAllReduce");
       gn::check(ncclAllGather(e_send.get(), e_gat.get(), kRow, ncclFloat32, comm, dev.s), "ncclAllGather");
       GRAPHSAFE_CUDA(cudaStreamSynchronize(dev.s));
+
+      constexpr std::int64_t kSmall = kMaxRows / 4;
       CaptureOptions co;
       co.family = arena.family("tp");
-      // The first capture maps the capture-time footprints: deferred, registered by flush().
-      auto warm = capture(arena, dev.s, bind(64), step, co);
+      // The small bucket maps its chunks while capturing: deferred, registered by flush().
+      auto first_small = capture(arena, dev.s, bind(kSmall), step_for(kSmall), co);
       CHECK(reg->stats().pending > 0);
       CHECK(reg->flush() > 0);
       CHECK(reg->stats().pending == 0);
       CHECK(reg->stats().live == vm->stats().chunks_mapped);  // every mapped chunk, once
       CHECK(*calls == vm->stats().chunks_mapped);
-      // The family's next capture finds its chunks mapped and registered before its collectives
-      // are captured: nothing new is deferred.
-      auto graph = capture(arena, dev.s, bind(64), step, co);
+      // The large bucket grows the family's range behind the same addresses: only its new chunks
+      // are registered.
+      const auto mapped_small = vm->stats().chunks_mapped;
+      const auto calls_small = *calls;
+      auto first_large = capture(arena, dev.s, bind(kMaxRows), step_for(kMaxRows), co);
+      reg->flush();
+      CHECK(vm->stats().chunks_mapped > mapped_small);
+      CHECK(*calls - calls_small == vm->stats().chunks_mapped - mapped_small);
+      CHECK(reg->stats().live == vm->stats().chunks_mapped);
+      // Captured again, the buckets find every chunk mapped and registered before their
+      // collectives are captured: nothing is deferred, nothing registered.
+      const auto calls_before = *calls;
+      auto small = capture(arena, dev.s, bind(kSmall), step_for(kSmall), co);
+      const Collectives at_small = at;
+      auto large = capture(arena, dev.s, bind(kMaxRows), step_for(kMaxRows), co);
+      const Collectives at_large = at;
       CHECK(reg->stats().pending == 0);
-      CHECK(reg->registered(at.gathered, 64 * kRow * world * 4));
-      CHECK(reg->registered(at.send, 64 * kRow * 4));
-      CHECK(graph.plan().guard_count() > 0);
+      CHECK(*calls == calls_before);
+      CHECK(reg->registered(at_large.gathered, kMaxRows * kRow * world * 4));
+      CHECK(reg->registered(at_large.send, kMaxRows * kRow * 4));
+      CHECK(reg->registered(at_small.reduced, kSmall * kRow * 4));
+      CHECK(small.plan().guard_count() > 0);
 
-      for (const std::int64_t n : {64, 1, 700, 2048, 300}) {
+      for (const std::int64_t n : {64, 1, 512, 700, 2048, 300}) {
         INFO("rows " << n << ", " << kind_name);
+        CapturedGraph& g = n <= kSmall ? small : large;
+        const Collectives& where = n <= kSmall ? at_small : at_large;
         const auto mapped_before = vm->stats().chunks_mapped;
-        const auto calls_before = *calls;
-        graph.replay(bind(n), dev.s);
-        CHECK(*calls - calls_before == vm->stats().chunks_mapped - mapped_before);  // only new chunks
-        CHECK(reg->stats().live == vm->stats().chunks_mapped);
-        CHECK(reg->registered(at.gathered, n * kRow * world * 4));
+        const auto calls_at = *calls;
+        g.replay(bind(n), dev.s);
+        CHECK(vm->stats().chunks_mapped == mapped_before);  // the buckets' chunks were all mapped
+        CHECK(*calls == calls_at);                           // so a replay registers nothing
         const std::size_t count = static_cast<std::size_t>(n * kRow);
-        const auto g_red = download<float>(at.reduced, count, dev.s);
-        const auto g_gat = download<float>(at.gathered, count * world, dev.s);
+        // A rank's block of the gather is the whole bucket (the captured count).
+        const std::size_t block = static_cast<std::size_t>((n <= kSmall ? kSmall : kMaxRows) * kRow);
+        const auto g_red = download<float>(where.reduced, count, dev.s);
+        const auto g_gat = download<float>(where.gathered, block * world, dev.s);
         fill<<<264, 256, 0, dev.s>>>(static_cast<float*>(static_cast<void*>(e_send.get())),
                                      reinterpret_cast<std::int64_t*>(n_dev.get()), kRow, 7);
         gn::check(ncclAllReduce(e_send.get(), e_red.get(), count, ncclFloat32, ncclSum, comm, dev.s), "ncclAllReduce");
@@ -169,7 +196,8 @@ TEST_CASE("nccl: all-gather and all-reduce in a graph on registered arena worksp
         const auto e_r = download<float>(e_red.get(), count, dev.s);
         const auto e_g = download<float>(e_gat.get(), count * world, dev.s);
         CHECK(std::memcmp(g_red.data(), e_r.data(), count * 4) == 0);
-        CHECK(std::memcmp(g_gat.data(), e_g.data(), count * world * 4) == 0);
+        for (int r = 0; r < world; ++r)
+          CHECK(std::memcmp(g_gat.data() + r * block, e_g.data() + r * count, count * 4) == 0);
         // Independent of NCCL: every rank filled the same values, so the sum is world times each
         // and every rank's block of the gather holds them.
         std::size_t bad = 0;
@@ -177,21 +205,23 @@ TEST_CASE("nccl: all-gather and all-reduce in a graph on registered arena worksp
           const float v = fill_value(static_cast<std::int64_t>(i), 7);
           if (g_red[i] != v * world) ++bad;
           for (int r = 0; r < world; ++r)
-            if (g_gat[r * count + i] != v) ++bad;
+            if (g_gat[r * block + i] != v) ++bad;
         }
         CHECK(bad == 0);
       }
-      // Past the capacity: the guard refuses before launch; nothing is mapped or registered.
-      const auto calls_at = *calls;
-      const auto mapped_at = vm->stats().chunks_mapped;
-      try {
-        graph.replay(bind(kMaxRows + 1), dev.s);
-        FAIL("a replay past the reserved rows was not refused");
-      } catch (const guard_failure& e) {
-        CHECK_THAT(e.what(), Catch::Contains("replay refused before launch") && Catch::Contains("'tp."));
+      // Past a bucket: its guard refuses before launch; nothing is mapped or registered.
+      for (auto [g, over] : {std::pair<CapturedGraph*, std::int64_t>{&small, kSmall + 1}, {&large, kMaxRows + 1}}) {
+        const auto calls_at = *calls;
+        const auto mapped_at = vm->stats().chunks_mapped;
+        try {
+          g->replay(bind(over), dev.s);
+          FAIL("a replay past the bucket of " << over - 1 << " rows was not refused");
+        } catch (const guard_failure& e) {
+          CHECK_THAT(e.what(), Catch::Contains("replay refused before launch") && Catch::Contains("'tp."));
+        }
+        CHECK(*calls == calls_at);
+        CHECK(vm->stats().chunks_mapped == mapped_at);
       }
-      CHECK(*calls == calls_at);
-      CHECK(vm->stats().chunks_mapped == mapped_at);
       CHECK(*while_capturing == 0);
       CHECK(reg->stats().during_capture == 0);
       CHECK(gn::ChunkRegistrar::process_live() == reg->stats().live);

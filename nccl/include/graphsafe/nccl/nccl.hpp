@@ -4,8 +4,8 @@
 //   auto reg = graphsafe::nccl::attach_nccl(*vm, comm);   // every chunk of vm registered once
 //   graphsafe::Arena arena(backend, {.virtual_memory = vm});
 //   auto g = graphsafe::capture(arena, s, b, [&](const graphsafe::Bindings& bb) {
-//     auto part = arena.request(s, "tp.part", rows * hidden, 2, graphsafe::capacity_bound, bb);
-//     auto full = arena.request(s, "tp.full", rows * hidden * world, 2, graphsafe::capacity_bound, bb);
+//     auto part = arena.request(s, "tp.part", rows * hidden, 2, bucket, bb, whole_bucket);
+//     auto full = arena.request(s, "tp.full", rows * hidden * world, 2, bucket_all, bb, whole_bucket_all);
 //     ...                                                    // kernels write `part`
 //     graphsafe::nccl::all_gather(part, full, ncclBfloat16, comm, s);  // inside the graph
 //   });
@@ -14,7 +14,10 @@
 //
 // The collectives run over whole workspaces: a captured collective's element count is fixed at
 // capture, so it covers what the policy reserved (Workspace::bytes), and a replay whose bindings
-// need more than that is refused by the plan's guards before launch, like any request's.
+// need more than that is refused by the plan's guards before launch, like any request's. In
+// virtual mode the collective touches the whole reservation at every replay, so request its
+// workspaces with that footprint (Footprint::prefix of the bucket): the capture maps all of it
+// (NCCL's captured copies are checked against mapped memory) and the registrar registers it.
 #pragma once
 
 #include <graphsafe/nccl/registrar.hpp>
