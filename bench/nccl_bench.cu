@@ -4,7 +4,9 @@
 // machine field, e.g. "NVIDIA H200 (1 rank)").
 //
 //   nccl.registrations_during_capture       registration calls made while the stream captured (must be 0)
-//   nccl.registrations                      registration calls (one per mapped chunk) vs chunks mapped
+//   nccl.registrations                      registration calls (one per chunk) vs chunk maps; a chunk
+//                                           mapped while capturing a graph that dies before flush()
+//                                           (here: the copy-in graphs) is never registered
 //   nccl.<op>.<size>.registered_vs_copy_in  us per collective in a replayed graph on registered arena
 //                                           workspaces; baseline: the same graph copying the arena
 //                                           input into an unregistered cudaMalloc buffer first and
