@@ -9,7 +9,16 @@ gs_install_missing
 gs_find_cuda
 
 jobs="$(gs_jobs)"
-gs_configure build
+# GRAPHSAFE_TEST_NCCL=1 (CI sets it): NCCL from PyPI's nvidia-nccl-cu13 wheel in a venv, so
+# graphsafe::nccl, its tests (the GPU ones skip without a GPU) and nccl_bench are built too.
+nccl_args=()
+if [[ "${GRAPHSAFE_TEST_NCCL:-0}" == 1 ]]; then
+  python3 -m venv build/nccl-env
+  build/nccl-env/bin/pip install --quiet nvidia-nccl-cu13
+  nccl_root="$(build/nccl-env/bin/python -c 'import nvidia.nccl as n; print(list(n.__path__)[0])')"
+  nccl_args=(-DGRAPHSAFE_NCCL=ON "-DGRAPHSAFE_NCCL_ROOT=$nccl_root")
+fi
+gs_configure build "${nccl_args[@]}"
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure --no-tests=error
 

@@ -119,12 +119,12 @@ void ensure_context(void* ctx) {
   if (!cur) GRAPHSAFE_CU(cuCtxSetCurrent(static_cast<CUcontext>(ctx)));
 }
 
-CUmemAllocationProp chunk_prop(int device) {
+CUmemAllocationProp chunk_prop(int device, bool shareable = false) {
   CUmemAllocationProp p{};
   p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   p.location.id = device;
-  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  p.requestedHandleTypes = shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
   return p;
 }
 
@@ -212,7 +212,7 @@ std::uint64_t CudaVirtualMemory::do_create_chunk() {
                               "-byte limit are held; shrink idle graphs or raise CudaVirtualMemoryOptions::limit_bytes");
   RelaxedCaptureMode relaxed;
   ensure_context(ctx_);
-  const CUmemAllocationProp prop = chunk_prop(device_);
+  const CUmemAllocationProp prop = chunk_prop(device_, opts_.shareable);
   CUmemGenericAllocationHandle h = 0;
   const CUresult r = cuMemCreate(&h, granularity(), &prop, 0);
   if (r == CUDA_ERROR_OUT_OF_MEMORY)

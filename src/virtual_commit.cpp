@@ -656,6 +656,7 @@ void virtual_place(SessionState& st, std::uint64_t offset, std::uint64_t bytes, 
   // The capture-time need is mapped now (driver calls in relaxed capture mode: not in the graph).
   VirtualFamily& f = *p.fam;
   std::lock_guard g(f.m);
+  VirtualMemory::CaptureTimeMaps during_capture;  // listeners defer what is not capture-safe
   for (auto [off, len] : p.gaps) f.commit(p.va_start + off, len);
   assign_slots(st, f, it);
   commit_item(f, it, b);
@@ -668,6 +669,7 @@ void virtual_place_bytes(SessionState& st, std::uint64_t offset, std::uint64_t b
   it.fixed_bytes = bytes;
   VirtualFamily& f = *p.fam;
   std::lock_guard g(f.m);
+  VirtualMemory::CaptureTimeMaps during_capture;
   for (auto [off, len] : p.gaps) f.commit(p.va_start + off, len);
   assign_slots(st, f, it);
   commit_item(f, it, Bindings());

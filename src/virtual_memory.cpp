@@ -66,6 +66,7 @@ void VirtualMemory::map(std::uintptr_t va, std::uint64_t count, std::uint64_t* c
       ++st_.map_calls;
     }
     do_set_access(va, count * granule_);
+    if (listener_) listener_->mapped(va, count, capture_time_maps());
   } catch (...) {
     for (std::uint64_t i = 0; i < done; ++i) {
       ++st_.unmap_calls;
@@ -99,6 +100,7 @@ void VirtualMemory::alias(std::uintptr_t va, std::uint64_t count, const std::uin
       ++st_.map_calls;
     }
     do_set_access(va, count * granule_);
+    if (listener_) listener_->mapped(va, count, capture_time_maps());
   } catch (...) {
     for (std::uint64_t i = 0; i < done; ++i) {
       ++st_.unmap_calls;
@@ -118,6 +120,7 @@ std::uint64_t VirtualMemory::mappings(std::uint64_t chunk) const {
 
 void VirtualMemory::unmap(std::uintptr_t va, std::uint64_t count, const std::uint64_t* chunks) {
   std::lock_guard g(m_);
+  if (listener_ && count) listener_->unmapping(va, count);
   std::uint64_t failed = 0;
   for (std::uint64_t i = 0; i < count; ++i) {
     ++st_.unmap_calls;
@@ -160,6 +163,18 @@ void VirtualMemory::release_pool_noexcept() noexcept {
   st_.chunks_pooled = 0;
   pool_.clear();
 }
+
+void VirtualMemory::set_listener(std::shared_ptr<ChunkListener> listener) {
+  std::lock_guard g(m_);
+  listener_ = std::move(listener);
+}
+
+namespace {
+thread_local int t_capture_time_maps = 0;
+}
+VirtualMemory::CaptureTimeMaps::CaptureTimeMaps() noexcept { ++t_capture_time_maps; }
+VirtualMemory::CaptureTimeMaps::~CaptureTimeMaps() { --t_capture_time_maps; }
+bool VirtualMemory::capture_time_maps() noexcept { return t_capture_time_maps > 0; }
 
 VirtualMemoryStats VirtualMemory::stats() const {
   std::lock_guard g(m_);

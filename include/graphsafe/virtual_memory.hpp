@@ -28,6 +28,21 @@
 
 namespace graphsafe {
 
+// Told of every mapping a VirtualMemory makes or removes (VirtualMemory::set_listener): what a
+// communication library registers, e.g. graphsafe::nccl::ChunkRegistrar, which registers each
+// mapped chunk with NCCL. Called under the VirtualMemory's lock, in mapping order.
+class ChunkListener {
+ public:
+  virtual ~ChunkListener() = default;
+  // `count` chunks were mapped at va, va + granularity, ... (map() or alias()) and are accessible.
+  // `in_capture`: an arena mapped them for a graph it is capturing on this thread (capture-time
+  // commits), where calls that are not capture-safe must wait until the capture ends. Throwing
+  // undoes the mapping: map() or alias() rethrows with nothing of it left mapped.
+  virtual void mapped(std::uintptr_t va, std::uint64_t count, bool in_capture) = 0;
+  // `count` chunks at va are about to be unmapped; nothing uses them any more.
+  virtual void unmapping(std::uintptr_t va, std::uint64_t count) noexcept = 0;
+};
+
 struct VirtualMemoryStats {
   std::uint64_t granularity = 0;
   std::uint64_t reserved_bytes = 0;    // address space held (all reservations)
@@ -79,6 +94,20 @@ class VirtualMemory {
 
   VirtualMemoryStats stats() const;
 
+  // One listener told of every later map(), alias() and unmap() (null: none). Set it before the
+  // memory serves anything: chunks mapped earlier are not reported.
+  void set_listener(std::shared_ptr<ChunkListener> listener);
+  // While one lives on a thread, that thread's maps are reported with in_capture = true. The
+  // arena opens one around the mappings it makes while capturing.
+  class CaptureTimeMaps {
+   public:
+    CaptureTimeMaps() noexcept;
+    ~CaptureTimeMaps();
+    CaptureTimeMaps(const CaptureTimeMaps&) = delete;
+    CaptureTimeMaps& operator=(const CaptureTimeMaps&) = delete;
+  };
+  static bool capture_time_maps() noexcept;
+
  protected:
   explicit VirtualMemory(std::uint64_t granularity) : granule_(granularity) {}
   // Primitive operations of one implementation (called under the pool's lock).
@@ -99,6 +128,7 @@ class VirtualMemory {
   std::unordered_map<std::uint64_t, std::uint64_t> maps_;  // mapped chunk -> addresses it is mapped at
   std::unordered_set<std::uint64_t> leaked_;                // a failed unmap may have left it mapped
   VirtualMemoryStats st_;
+  std::shared_ptr<ChunkListener> listener_;
 };
 
 // ---- host twin -----------------------------------------------------------------------------------
@@ -145,6 +175,9 @@ class HostVirtualMemory final : public VirtualMemory {
 struct CudaVirtualMemoryOptions {
   int device = -1;             // -1: the current device
   std::uint64_t limit_bytes = 0;  // cap on physical chunks (mapped + pooled); 0 = none (device memory)
+  // Chunks exportable as POSIX file descriptors: what NCCL needs to map a registered chunk on peer
+  // GPUs (IPC and symmetric-window registration, docs/tensor_parallel.md).
+  bool shareable = false;
 };
 
 // The CUDA virtual memory management API on one device: chunks from cuMemCreate (pinned device

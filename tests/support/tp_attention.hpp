@@ -1,0 +1,73 @@
+// One rank's share of a tensor-parallel DS4 attention layer (the NCCL GPU test and nccl_bench):
+// rank r of `world` attends heads [r * H/world, (r+1) * H/world) of the full layer's H heads (its
+// query rows sliced out of the full q, its sinks), writes them to an arena workspace, all-gathers
+// every rank's heads inside the same stream (a captured graph when capturing) and puts them back
+// in head order, so `out` holds [B, H, 512] as the single-GPU layer writes it. The DS4 kernels
+// take 64 or 128 heads per call, so the full layer has 64 * world (or 128 * world) heads.
+#pragma once
+
+#include <graphsafe/arena.hpp>
+#include <graphsafe/cuda_backend.hpp>
+#include <graphsafe/ds4/decode_step.hpp>
+#include <graphsafe/ds4/layout.hpp>
+#include <graphsafe/ds4/paged_attention.hpp>
+#include <graphsafe/error.hpp>
+#include <graphsafe/nccl/nccl.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+namespace graphsafe::tp {
+
+inline ds4::LayerConfig rank_layer(ds4::LayerConfig full, int world) {
+  if (world < 1 || full.heads % world != 0)
+    throw invalid_argument_error("tp: " + std::to_string(full.heads) + " heads do not split over " +
+                                 std::to_string(world) + " ranks");
+  full.heads /= world;
+  return full;
+}
+
+class TpAttention {
+ public:
+  TpAttention(const ds4::LayerConfig& full, int rank, int world)
+      : full_(full), rank_(rank), world_(world), op_({rank_layer(full, world), 1}) {}
+
+  const ds4::PagedAttention& op() const { return op_; }
+  int heads_per_rank() const { return full_.heads / world_; }
+
+  // `a`: the full layer's arguments (q [B, H, 512], sink [H]); `out`: [B, H, 512] bf16.
+  void run(Arena& arena, cudaStream_t s, const ds4::Ds4Symbols& syms, const Bindings& b,
+           const ds4::AttentionArguments& a, std::uint16_t* out, ncclComm_t comm) const {
+    const int hr = heads_per_rank();
+    const std::uint64_t head_bytes = ds4::kHeadDim * 2;
+    const std::uint64_t row_full = full_.heads * head_bytes, row_rank = hr * head_bytes;
+    const Extent per_rank = Extent(syms.requests) * (std::int64_t(hr) * ds4::kHeadDim);
+    Workspace q = arena.request(s, "tp.q", per_rank, 2, capacity_bound, b);
+    Workspace part = arena.request(s, "tp.heads", per_rank, 2, capacity_bound, b);
+    Workspace all = arena.request(s, "tp.gathered", per_rank * world_, 2, capacity_bound, b);
+    const std::uint64_t B = static_cast<std::uint64_t>(a.batch);
+    GRAPHSAFE_CUDA(cudaMemcpy2DAsync(q.data(), row_rank, reinterpret_cast<const std::uint8_t*>(a.q) + rank_ * row_rank,
+                                     row_full, row_rank, B, cudaMemcpyDeviceToDevice, s));
+    ds4::AttentionArguments mine = a;
+    mine.q = q.as<std::uint16_t>();
+    mine.sink = a.sink ? a.sink + rank_ * hr : nullptr;
+    mine.out = part.as<std::uint16_t>();
+    const ds4::AttentionWorkspaces w = op_.request(arena, s, syms, b);
+    op_.run(mine, w, s);
+    nccl::all_gather(part, all, ncclBfloat16, comm, s);
+    // Rank-major [world, B, H/world, 512] back to [B, H, 512].
+    for (int r = 0; r < world_; ++r)
+      GRAPHSAFE_CUDA(cudaMemcpy2DAsync(reinterpret_cast<std::uint8_t*>(out) + r * row_rank, row_full,
+                                       all.as<std::uint8_t>() + r * part.bytes(), row_rank, row_rank, B,
+                                       cudaMemcpyDeviceToDevice, s));
+  }
+
+ private:
+  ds4::LayerConfig full_;
+  int rank_, world_;
+  ds4::PagedAttention op_;
+};
+
+}  // namespace graphsafe::tp
