@@ -634,17 +634,40 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
   for (int i = total + tid; i < width; i += kTopkThreads) sm.picked[i] = ~0ull;
   __syncthreads();
   // Bitonic network, ascending, over [0, width): keys are distinct (the row is part of them).
-  for (int k = 2; k <= width; k <<= 1)
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = tid; i < width; i += kTopkThreads) {
-        const int p = i ^ j;
-        if (p > i) {
-          const unsigned long long x = sm.picked[i], y = sm.picked[p];
-          if ((x > y) == ((i & k) == 0)) { sm.picked[i] = y; sm.picked[p] = x; }
+  if (width <= kTopkThreads) {
+    // One key per thread: partners within a warp by shuffle, farther ones through shared memory.
+    // Threads at or past `width` hold ~0 and pair only with each other (width is a power of two).
+    unsigned long long v = tid < width ? sm.picked[tid] : ~0ull;
+    for (int k = 2; k <= width; k <<= 1)
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        unsigned long long other;
+        if (j >= 32) {
+          __syncthreads();  // the previous exchange's reads are done
+          sm.picked[tid] = v;
+          __syncthreads();
+          other = sm.picked[tid ^ j];
+        } else {
+          other = __shfl_xor_sync(0xffffffffu, v, j);
         }
+        const bool keep_min = ((tid & j) == 0) == ((tid & k) == 0);
+        v = keep_min ? (other < v ? other : v) : (other > v ? other : v);
       }
-      __syncthreads();
-    }
+    __syncthreads();
+    if (tid < width) sm.picked[tid] = v;
+    __syncthreads();
+  } else {
+    for (int k = 2; k <= width; k <<= 1)
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        for (int i = tid; i < width; i += kTopkThreads) {
+          const int p = i ^ j;
+          if (p > i) {
+            const unsigned long long x = sm.picked[i], y = sm.picked[p];
+            if ((x > y) == ((i & k) == 0)) { sm.picked[i] = y; sm.picked[p] = x; }
+          }
+        }
+        __syncthreads();
+      }
+  }
   const int sorted = sort_ties ? kk : above;
   for (int i = tid; i < a.k; i += kTopkThreads) {
     if (i < sorted) out[i] = static_cast<std::int32_t>(sm.picked[i] & 0xFFFFFFFFull);
