@@ -23,11 +23,11 @@ void indexer_compress_insert(const float* kv_state, const float* score_state, co
                              const float* norm_weight, float rope_theta, float eps, IndexerCache cache,
                              cudaStream_t stream);
 
-// Which tensor-core path computes the scores: wgmma (sm_90a: the fp8 bytes widened to f16 in
-// registers, wgmma m64n64k16 against the f16 queries in shared memory; fp8 operands of mma.sync and
-// wgmma are not used: sm_90 widens mma.sync's to f16 in the instruction stream anyway, and wgmma's
-// fp8 accumulator keeps too few bits for the reference's tolerance) or mma.sync (any sm_80+ GPU).
-// automatic: wgmma on compute capability 9.x.
+// Which tensor-core path computes the scores. wgmma (sm_90a): the fp8 key bytes widened to f16 once
+// in registers, wgmma m64n64k16 against the queries widened to f16 in shared memory (fp8 wgmma is not
+// used: its accumulator keeps fewer bits than the fp32 that the reference's tolerance assumes).
+// mma_sync (sm_89+): mma.sync m16n8k32 e4m3, which sm_90 runs as HMMA after widening both operands
+// in the instruction stream. automatic: wgmma on compute capability 9.x, else mma_sync.
 enum class IndexerEngine { automatic, mma_sync, wgmma };
 
 struct IndexerScoreArgs {
