@@ -498,6 +498,7 @@ struct TopkSmem {
   std::uint32_t cand_key[kTopkCandCap];
   std::int32_t cand_row[kTopkCandCap];
   unsigned long long picked[kSortCap];  // (~key << 32) | row: ascending = the rule's order
+  unsigned long long counts;  // first compaction: rows of higher bins | threshold-bin rows << 32
   int count;      // picked so far
   int cand;       // rows of the threshold bin (may exceed kTopkCandCap)
   int bin;        // the threshold digit of the last find
@@ -557,18 +558,20 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
     return;
   }
   const float* scores = a.logits + static_cast<long long>(b) * a.N;
-  if constexpr (kStaged) {
-#pragma unroll 16
-    for (int i = tid; i < n; i += kTopkThreads) staged[i] = order_key(__ldg(scores + i));
-  }
   auto key_at = [&](int i) -> std::uint32_t {
     if constexpr (kStaged) return staged[i];
     else return order_key(__ldg(scores + i));
   };
   for (int i = tid; i < kTopkBins; i += kTopkThreads) sm.hist[i] = 0;
-  if (tid == 0) { sm.count = 0; sm.cand = 0; sm.eq_base = 0; }
-  __syncthreads();  // also orders the staging stores before the first pass
-  for (int i = tid; i < n; i += kTopkThreads) atomicAdd(&sm.hist[key_at(i) >> 20], 1);
+  if (tid == 0) { sm.counts = 0; sm.eq_base = 0; }
+  __syncthreads();
+  // The first histogram while the keys are staged (one read of the scores).
+#pragma unroll 16
+  for (int i = tid; i < n; i += kTopkThreads) {
+    const std::uint32_t u = order_key(__ldg(scores + i));
+    if constexpr (kStaged) staged[i] = u;
+    atomicAdd(&sm.hist[u >> 20], 1);
+  }
   __syncthreads();
   find_threshold(sm, kTopkBins, kk);
   const std::uint32_t d1 = static_cast<std::uint32_t>(sm.bin);
@@ -577,16 +580,42 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
     return (static_cast<unsigned long long>(~u) << 32) | static_cast<unsigned>(i);
   };
   // Higher bins: picked (exactly kk - rem1 rows < K <= kSortCap). The threshold bin: candidates.
-  for (int i0 = 0; i0 < n; i0 += kTopkThreads) {  // warp-uniform trip count for the ballots
-    const int i = i0 + tid;
-    const std::uint32_t u = i < n ? key_at(i) : 0u;
-    const std::uint32_t d = u >> 20;
-    const bool gt = i < n && d > d1, eq = i < n && d == d1;
-    const int pg = warp_append(&sm.count, gt);
-    if (gt) sm.picked[pg] = pack(u, i);
-    const int pe = warp_append(&sm.cand, eq);
-    if (eq && pe < kTopkCandCap) { sm.cand_key[pe] = u; sm.cand_row[pe] = i; }
+  // Each warp takes 4 x 32 rows per step and reserves room for both lists with one 64-bit shared
+  // atomic (candidates in the high word): the atomic's round trip is the loop's latency.
+  constexpr int kChunks = 4;
+  const int lane = tid & 31;
+  const unsigned lower = (1u << lane) - 1u;
+  for (int i0 = 0; i0 < n; i0 += kChunks * kTopkThreads) {  // warp-uniform trip count for the ballots
+    std::uint32_t u[kChunks];
+    unsigned mg[kChunks], me[kChunks];
+    int ng = 0, ne = 0;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int i = i0 + c * kTopkThreads + tid;
+      u[c] = i < n ? key_at(i) : 0u;
+      const std::uint32_t d = u[c] >> 20;
+      mg[c] = __ballot_sync(0xffffffffu, i < n && d > d1);
+      me[c] = __ballot_sync(0xffffffffu, i < n && d == d1);
+      ng += __popc(mg[c]);
+      ne += __popc(me[c]);
+    }
+    unsigned long long base = 0;
+    if (lane == 0 && (ng | ne))
+      base = atomicAdd(&sm.counts, (static_cast<unsigned long long>(ne) << 32) | static_cast<unsigned>(ng));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    int pg = static_cast<int>(base & 0xFFFFFFFFull), pe = static_cast<int>(base >> 32);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int i = i0 + c * kTopkThreads + tid;
+      if ((mg[c] >> lane) & 1u) sm.picked[pg + __popc(mg[c] & lower)] = pack(u[c], i);
+      const int at = pe + __popc(me[c] & lower);
+      if (((me[c] >> lane) & 1u) && at < kTopkCandCap) { sm.cand_key[at] = u[c]; sm.cand_row[at] = i; }
+      pg += __popc(mg[c]);
+      pe += __popc(me[c]);
+    }
   }
+  __syncthreads();
+  if (tid == 0) { sm.count = static_cast<int>(sm.counts & 0xFFFFFFFFull); sm.cand = static_cast<int>(sm.counts >> 32); }
   __syncthreads();
   // Two 10-bit passes over the threshold bin's rows: the candidate list, or every row when it
   // overflowed (then filtered by the first digit).
