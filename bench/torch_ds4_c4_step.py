@@ -35,6 +35,7 @@ def main():
     ap.add_argument("--max-len", type=int, default=65536)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", default="")
+    ap.add_argument("--profile", action="store_true", help="print the sweep's CUDA kernels by time (torch.profiler)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     B, H, W, K, L = a.batch, 64, 128, a.topk, a.max_len
@@ -111,6 +112,13 @@ def main():
             out = step(l)
         return out
 
+    if a.profile:
+        sweep()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            sweep()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))
     us_eager, out = time_us(sweep, a.reps)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -280,13 +280,17 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) indexer_score_kernel(Inde
 // ReLU, head-weight and quad-sum epilogue is the one above, in the same order.
 // One warpgroup per CTA, several CTAs per multiprocessor: their copies, conversions, wgmma chains
 // and epilogues interleave. Tiles are 64 rows of one request (a request's last tile is partial).
-constexpr int kWgStages = 4;
-constexpr int kWgCtasPerSm = 4;
+// kWgSub m64 tiles per step (two independent wgmma chains and epilogues, the per-step bookkeeping
+// paid once per 128 rows): the registers then allow three CTAs per multiprocessor.
+constexpr int kWgSub = 1;
+constexpr int kWgRows = 64 * kWgSub;  // rows of one tile
+constexpr int kWgStages = kWgSub == 1 ? 4 : 3;
+constexpr int kWgCtasPerSm = kWgSub == 1 ? 4 : 3;
 
 struct WgScoreSmem {
   std::uint32_t q[kIndexerHeads * kIndexerDim / 2];   // f16 pairs, canonical K-major layout (SBO 2048)
-  uint4 keys[kWgStages][kScoreWarps][32][4];
-  float scales[kWgStages][kScoreWarps][16];
+  uint4 keys[kWgStages][kWgSub][kScoreWarps][32][4];
+  float scales[kWgStages][kWgSub][kScoreWarps][16];
   float weights[kIndexerHeads];
   int tile_start[kMaxScoreBatch + 1];
 };
@@ -327,11 +331,11 @@ __global__ void __launch_bounds__(kScoreWarps * 32, kWgCtasPerSm) indexer_score_
     const long long n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
     return static_cast<int>(n_c < a.N ? n_c : a.N);
   };
-  if (warp == 0) {  // 64-row tiles of every request, as the kernel above lists 16-row tiles
+  if (warp == 0) {  // kWgRows-row tiles of every request, as the kernel above lists 16-row tiles
     int base = 0;
     for (int b0 = 0; b0 < a.batch; b0 += 32) {
       const int b = b0 + lane;
-      const int tiles = b < a.batch ? (rows_of(b) + 63) / 64 : 0;
+      const int tiles = b < a.batch ? (rows_of(b) + kWgRows - 1) / kWgRows : 0;
       int incl = tiles;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
@@ -353,40 +357,68 @@ __global__ void __launch_bounds__(kScoreWarps * 32, kWgCtasPerSm) indexer_score_
     while (sm.tile_start[b + 1] <= tile) ++b;
     return b;
   };
-  int ib = request_of(first, 0);
-  auto issue = [&](int it) {
+  // The issuing side, one tile ahead of its copies: plan(it) finds tile it's request and reads its
+  // block-table entries (and the request's row count once per request) into registers; issue(it)
+  // then starts the copies from them, so no copy waits on a table read in the loop.
+  struct Plan {
+    int blk[kWgSub][2];        // the physical block of each of the thread's rows
+    int off[kWgSub][2];        // the row within its block (-1: no row)
+  };
+  int ib = request_of(first, 0), ib_rows = rows_of(ib), ib_start = sm.tile_start[ib];
+  auto plan = [&](int it) {
+    Plan p;
+#pragma unroll
+    for (int u = 0; u < kWgSub; ++u) { p.blk[u][0] = p.blk[u][1] = 0; p.off[u][0] = p.off[u][1] = -1; }
     const int tile = first + it;
     if (tile < last) {
-      ib = request_of(tile, ib);
-      const int n_rows = rows_of(ib);
-      const int st = it % kWgStages;
+      if (sm.tile_start[ib + 1] <= tile) {
+        ib = request_of(tile, ib);
+        ib_rows = rows_of(ib);
+        ib_start = sm.tile_start[ib];
+      }
       const std::int32_t* table = a.block_table + static_cast<long long>(ib) * a.blocks_per_req;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int s = (tile - sm.tile_start[ib]) * 64 + warp * 16 + g + half * 8;
-        const bool valid = s < n_rows;
-        const int blk_i = valid ? s / a.cache.block_rows : 0;
-        const long long off = valid ? s % a.cache.block_rows : 0;
-        const std::uint8_t* base =
-            a.cache.base + (valid ? static_cast<long long>(__ldg(table + blk_i)) * static_cast<long long>(a.cache.stride) : 0);
-        const std::uint8_t* row = base + off * kIndexerRowBytes + t * 32;
-        cp_async16(&sm.keys[st][warp][lane][2 * half], row, valid);
-        cp_async16(&sm.keys[st][warp][lane][2 * half + 1], row + 16, valid);
-        if (t == 0) {
-          const std::uint8_t* sc = base + static_cast<long long>(a.cache.block_rows) * kIndexerRowBytes +
-                                   off * kIndexerScaleBytes;
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(&sm.scales[st][warp][half * 8 + g])),
-                       "l"(sc), "r"(valid ? 4 : 0));
+      for (int u = 0; u < kWgSub; ++u)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int s = (tile - ib_start) * kWgRows + u * 64 + warp * 16 + g + half * 8;
+          if (s < ib_rows) {
+            p.blk[u][half] = __ldg(table + s / a.cache.block_rows);
+            p.off[u][half] = s % a.cache.block_rows;
+          }
         }
-      }
+    }
+    return p;
+  };
+  auto issue = [&](int it, const Plan& p) {
+    if (first + it < last) {
+      const int st = it % kWgStages;
+#pragma unroll
+      for (int u = 0; u < kWgSub; ++u)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const bool valid = p.off[u][half] >= 0;
+          const long long off = valid ? p.off[u][half] : 0;
+          const std::uint8_t* base = a.cache.base + static_cast<long long>(p.blk[u][half]) * static_cast<long long>(a.cache.stride);
+          const std::uint8_t* row = base + off * kIndexerRowBytes + t * 32;
+          cp_async16(&sm.keys[st][u][warp][lane][2 * half], row, valid);
+          cp_async16(&sm.keys[st][u][warp][lane][2 * half + 1], row + 16, valid);
+          if (t == 0) {
+            const std::uint8_t* sc = base + static_cast<long long>(a.cache.block_rows) * kIndexerRowBytes +
+                                     off * kIndexerScaleBytes;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(&sm.scales[st][u][warp][half * 8 + g])),
+                         "l"(sc), "r"(valid ? 4 : 0));
+          }
+        }
     }
     cp_async_commit();
   };
 #pragma unroll
-  for (int it = 0; it < kWgStages - 1; ++it) issue(it);
+  for (int it = 0; it < kWgStages - 1; ++it) issue(it, plan(it));
+  Plan next = plan(kWgStages - 1);
 
   const std::uint64_t q_desc = wgmma_desc(sm.q, 128, kWgQSbo);
-  int qb = -1;
+  int qb = -1, cb_rows = 0;
   int cb = request_of(first, 0);
   for (int it = 0; first + it < last; ++it) {
     const int tile = first + it;
@@ -411,55 +443,75 @@ __global__ void __launch_bounds__(kScoreWarps * 32, kWgCtasPerSm) indexer_score_
           }
       }
       if (tid < kIndexerHeads) sm.weights[tid] = __ldg(a.weights + cb * kIndexerHeads + tid);
+      cb_rows = rows_of(cb);
       fence_proxy_async();  // the generic-proxy stores above -> wgmma's reads
       __syncthreads();
       qb = cb;
     }
-    issue(it + kWgStages - 1);
+    issue(it + kWgStages - 1, next);
+    next = plan(it + kWgStages);  // its table reads complete while this tile computes
     cp_async_wait<kWgStages - 1>();
     const int st = it % kWgStages;
-    const uint4 k0lo = sm.keys[st][warp][lane][0], k0hi = sm.keys[st][warp][lane][1];
-    const uint4 k1lo = sm.keys[st][warp][lane][2], k1hi = sm.keys[st][warp][lane][3];
-    const std::uint32_t r0[8] = {k0lo.x, k0lo.y, k0lo.z, k0lo.w, k0hi.x, k0hi.y, k0hi.z, k0hi.w};
-    const std::uint32_t r1[8] = {k1lo.x, k1lo.y, k1lo.z, k1lo.w, k1hi.x, k1hi.y, k1hi.z, k1hi.w};
-    std::uint32_t af[8][4];
+    std::uint32_t af[kWgSub][8][4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      af[i][0] = fp8x2_to_f16x2(r0[i]);
-      af[i][1] = fp8x2_to_f16x2(r1[i]);
-      af[i][2] = fp8x2_to_f16x2(r0[i] >> 16);
-      af[i][3] = fp8x2_to_f16x2(r1[i] >> 16);
+    for (int u = 0; u < kWgSub; ++u) {
+      const uint4 k0lo = sm.keys[st][u][warp][lane][0], k0hi = sm.keys[st][u][warp][lane][1];
+      const uint4 k1lo = sm.keys[st][u][warp][lane][2], k1hi = sm.keys[st][u][warp][lane][3];
+      const std::uint32_t r0[8] = {k0lo.x, k0lo.y, k0lo.z, k0lo.w, k0hi.x, k0hi.y, k0hi.z, k0hi.w};
+      const std::uint32_t r1[8] = {k1lo.x, k1lo.y, k1lo.z, k1lo.w, k1hi.x, k1hi.y, k1hi.z, k1hi.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        af[u][i][0] = fp8x2_to_f16x2(r0[i]);
+        af[u][i][1] = fp8x2_to_f16x2(r1[i]);
+        af[u][i][2] = fp8x2_to_f16x2(r0[i] >> 16);
+        af[u][i][3] = fp8x2_to_f16x2(r1[i] >> 16);
+      }
     }
-    float acc[32] = {};
+    float acc[kWgSub][32];
+#pragma unroll
+    for (int u = 0; u < kWgSub; ++u)
+#pragma unroll
+      for (int e = 0; e < 32; ++e) acc[u][e] = 0.f;
     wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      wgmma_m64n64k16_f16_rs(acc, af[i][0], af[i][1], af[i][2], af[i][3], q_desc + 16 * i, i > 0 ? 1 : 0);
+    for (int i = 0; i < 8; ++i)  // the sub-tiles' chains interleaved: consecutive wgmmas independent
+#pragma unroll
+      for (int u = 0; u < kWgSub; ++u)
+        wgmma_m64n64k16_f16_rs(acc[u], af[u][i][0], af[u][i][1], af[u][i][2], af[u][i][3], q_desc + 16 * i, i > 0 ? 1 : 0);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
-    for (int e = 0; e < 32; ++e) asm volatile("" : "+f"(acc[e])::"memory");  // no read before the wait
-    float part[2] = {0.f, 0.f};
+    for (int u = 0; u < kWgSub; ++u)
 #pragma unroll
-    for (int nt = 0; nt < kHeadTiles; ++nt) {
-      const float w0 = sm.weights[nt * 8 + 2 * t], w1 = sm.weights[nt * 8 + 2 * t + 1];
-      part[0] = __fadd_rn(part[0], __fadd_rn(__fmul_rn(w0, fmaxf(acc[4 * nt], 0.f)), __fmul_rn(w1, fmaxf(acc[4 * nt + 1], 0.f))));
-      part[1] = __fadd_rn(part[1], __fadd_rn(__fmul_rn(w0, fmaxf(acc[4 * nt + 2], 0.f)), __fmul_rn(w1, fmaxf(acc[4 * nt + 3], 0.f))));
-    }
+      for (int e = 0; e < 32; ++e) asm volatile("" : "+f"(acc[u][e])::"memory");  // no read before the wait
+    float part[kWgSub][2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      part[half] = __fadd_rn(part[half], __shfl_xor_sync(0xffffffffu, part[half], 1));
-      part[half] = __fadd_rn(part[half], __shfl_xor_sync(0xffffffffu, part[half], 2));
-    }
-    if (t == 0) {
-      const int n_rows = rows_of(cb);
-      const int row0 = (tile - sm.tile_start[cb]) * 64 + warp * 16;
+    for (int u = 0; u < kWgSub; ++u) {
+      part[u][0] = part[u][1] = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        const float w0 = sm.weights[nt * 8 + 2 * t], w1 = sm.weights[nt * 8 + 2 * t + 1];
+        part[u][0] = __fadd_rn(part[u][0], __fadd_rn(__fmul_rn(w0, fmaxf(acc[u][4 * nt], 0.f)), __fmul_rn(w1, fmaxf(acc[u][4 * nt + 1], 0.f))));
+        part[u][1] = __fadd_rn(part[u][1], __fadd_rn(__fmul_rn(w0, fmaxf(acc[u][4 * nt + 2], 0.f)), __fmul_rn(w1, fmaxf(acc[u][4 * nt + 3], 0.f))));
+      }
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int s = row0 + g + half * 8;
-        if (s < n_rows)
-          a.logits[static_cast<long long>(cb) * a.N + s] =
-              __fadd_rn(__fmul_rn(part[half], sm.scales[st][warp][half * 8 + g]), 0.0f);  // -0.0 -> +0.0
+        part[u][half] = __fadd_rn(part[u][half], __shfl_xor_sync(0xffffffffu, part[u][half], 1));
+        part[u][half] = __fadd_rn(part[u][half], __shfl_xor_sync(0xffffffffu, part[u][half], 2));
+      }
+    }
+    if (t == 0) {
+      const int n_rows = cb_rows;
+#pragma unroll
+      for (int u = 0; u < kWgSub; ++u) {
+        const int row0 = (tile - sm.tile_start[cb]) * kWgRows + u * 64 + warp * 16;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int s = row0 + g + half * 8;
+          if (s < n_rows)
+            a.logits[static_cast<long long>(cb) * a.N + s] =
+                __fadd_rn(__fmul_rn(part[u][half], sm.scales[st][u][warp][half * 8 + g]), 0.0f);  // -0.0 -> +0.0
+        }
       }
     }
   }
@@ -565,12 +617,24 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
   for (int i = tid; i < kTopkBins; i += kTopkThreads) sm.hist[i] = 0;
   if (tid == 0) { sm.counts = 0; sm.eq_base = 0; }
   __syncthreads();
-  // The first histogram while the keys are staged (one read of the scores).
-#pragma unroll 16
-  for (int i = tid; i < n; i += kTopkThreads) {
-    const std::uint32_t u = order_key(__ldg(scores + i));
-    if constexpr (kStaged) staged[i] = u;
-    atomicAdd(&sm.hist[u >> 20], 1);
+  // The first histogram while the keys are staged (one read of the scores): each thread's loads
+  // of a batch are all in flight before its first atomic.
+  constexpr int kLoadBatch = 8;
+  for (int i0 = 0; i0 < n; i0 += kLoadBatch * kTopkThreads) {
+    std::uint32_t u[kLoadBatch];
+#pragma unroll
+    for (int c = 0; c < kLoadBatch; ++c) {
+      const int i = i0 + c * kTopkThreads + tid;
+      u[c] = i < n ? order_key(__ldg(scores + i)) : 0u;
+    }
+#pragma unroll
+    for (int c = 0; c < kLoadBatch; ++c) {
+      const int i = i0 + c * kTopkThreads + tid;
+      if (i < n) {
+        if constexpr (kStaged) staged[i] = u[c];
+        atomicAdd(&sm.hist[u[c] >> 20], 1);
+      }
+    }
   }
   __syncthreads();
   find_threshold(sm, kTopkBins, kk);
@@ -726,7 +790,17 @@ void allow_dynamic_smem(Kernel k, int bytes, bool (&done)[64], const char* what)
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   if (done[dev & 63]) return;
   check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+  // The whole unified L1 as shared memory: otherwise the driver may pick a carveout that fits fewer
+  // CTAs per multiprocessor than the grid below is sized for (a second wave doubles the time).
+  check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), what);
   done[dev & 63] = true;
+}
+// CTAs of `k` that fit on one multiprocessor (at least 1): a persistent grid is that times the SMs.
+template <class Kernel>
+int resident_ctas(Kernel k, int threads, int smem) {
+  int n = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, smem), "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return n > 0 ? n : 1;
 }
 
 template <int kSortCap>
@@ -818,7 +892,12 @@ void indexer_score(const IndexerScoreArgs& a, cudaStream_t stream) {
     static bool done[64] = {};
     allow_dynamic_smem(indexer_score_wgmma_kernel, static_cast<int>(sizeof(WgScoreSmem)), done,
                        "cudaFuncSetAttribute(indexer scores, wgmma)");
-    indexer_score_wgmma_kernel<<<kWgCtasPerSm * device_sm_count(), kScoreWarps * 32, sizeof(WgScoreSmem), stream>>>(a);
+    static int ctas[64] = {};  // per device, like the attribute
+    int dev = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    if (ctas[dev & 63] == 0)
+      ctas[dev & 63] = resident_ctas(indexer_score_wgmma_kernel, kScoreWarps * 32, static_cast<int>(sizeof(WgScoreSmem)));
+    indexer_score_wgmma_kernel<<<ctas[dev & 63] * device_sm_count(), kScoreWarps * 32, sizeof(WgScoreSmem), stream>>>(a);
   } else {
     // Two CTAs per multiprocessor (what the registers allow): every warp's run is long enough to
     // keep its copy pipeline full.
