@@ -265,7 +265,7 @@ void paged_attention(const gk::PagedAttentionArgs& a, cudaStream_t st, const gk:
 int main(int argc, char** argv) {
   std::string json_path;
   std::vector<std::string> types = {"c4", "c128", "c1"};
-  int layers = 43, B = 64, heads_opt = 64, reps = 10, topk_opt = 512, max_len = 65536;
+  int layers = 43, B = 64, heads_opt = 64, reps = 10, topk_opt = 512, max_len = 65536, splits_opt = 0;
   std::vector<std::string> variants = {"pro", "sq2"};
   const std::string command = bench::command_line(argc, argv);
   CLI::App app("ds4_attention_bench: DS4 sparse decode attention per layer against the physical bound",
@@ -275,6 +275,10 @@ int main(int argc, char** argv) {
   app.add_option("--batch", B, "requests")->check(CLI::Range(1, 4096));
   app.add_option("--heads", heads_opt, "query heads (64 or 128)")->check(CLI::IsMember({64, 128}));
   app.add_option("--reps", reps, "graph replays per timing (median)")->check(CLI::Range(1, 100000));
+  app.add_option("--splits", splits_opt,
+                 "split-K count of every attention launch (0: gk::choose_splits; records of a forced count "
+                 "carry _S<count>)")
+      ->check(CLI::Range(0, 1024));
   app.add_option("--topk", topk_opt, "C4 indexer picks")->check(CLI::Range(1, 1 << 16));
   app.add_option("--max-len", max_len, "max_model_len")->check(CLI::Range(256, 1 << 24));
   app.add_option("--types", types, "layer types, comma-separated")
@@ -500,7 +504,7 @@ int main(int argc, char** argv) {
     pi.cmp_idx = ratio > 1 ? cmp_idx : nullptr; pi.cmp_lens = cmp_lens; pi.swa_idx = swa_idx; pi.swa_lens = swa_lens;
     gk::combine_paged(pi, st);
 
-    const int splits = gk::choose_splits(R, H, cw + W, gk::device_sm_count());
+    const int splits = splits_opt > 0 ? splits_opt : gk::choose_splits(R, H, cw + W, gk::device_sm_count());
     auto* scratch = dalloc<std::uint8_t>(gk::sparse_attention_scratch_bytes(R, H, splits));
     auto* out = dalloc<std::uint16_t>(std::size_t(R) * H * 512);
     gk::PagedAttentionArgs pa;
@@ -547,7 +551,8 @@ int main(int argc, char** argv) {
                 tname.c_str(), "  physical bound", bound_us, io_bytes / 1e6, io_bytes / copy_bw * 1e6, flops / 1e9,
                 flops / tc_rate * 1e6);
     const std::string p = "ds4_" + tname + "_B" + std::to_string(B) + "_H" + std::to_string(H) +
-                          (sq > 1 ? "_SQ" + std::to_string(sq) : "") + (engine_name == "ws" ? "" : "_" + engine_name);
+                          (sq > 1 ? "_SQ" + std::to_string(sq) : "") + (engine_name == "ws" ? "" : "_" + engine_name) +
+                          (splits_opt > 0 ? "_S" + std::to_string(splits_opt) : "");
     recs.push_back({p + "_paged_direct_us_per_layer", us_paged, "us", "physical_bound_us", bound_us, us_paged / bound_us});
     recs.push_back({p + "_paged_direct_effective_bandwidth", gbs, "GB/s", "d2d_copy_bandwidth", copy_bw / 1e9, gbs / (copy_bw / 1e9)});
     recs.push_back({p + "_paged_direct_tflops", tfs, "TFLOP/s", "cublas_bf16_gemm_rate", tc_rate / 1e12, tfs / (tc_rate / 1e12)});

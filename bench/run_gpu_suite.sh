@@ -144,13 +144,14 @@ elif [ ${#GPU_TESTS[@]} -eq 0 ]; then
 else
   # One job per (tool, test); SANITIZE_JOBS of them at once (separate processes share the GPU fine).
   # API errors a test makes on purpose, by test name (memcheck reports every failing CUDA call):
-  # test_debug_gpu, test_vmm_gpu: debug mode walks a kernel's parameters with cudaFuncGetParamInfo until it fails
+  # test_debug_gpu, test_vmm_gpu, test_graph_audit_gpu: debug mode walks a kernel's parameters with
+  # cudaFuncGetParamInfo until it fails
   # (CUDA 13.0's runtime has no parameter-count call; src/debug_arena.cpp uses cuFuncGetParamCount
   # where the driver has it) and clears that error; test_reliability_gpu: the out-of-memory tests
   # exhaust a capped pool. Errors of any other kind still fail the run.
   expected_api_errors() {
     case $1 in
-      test_debug_gpu|test_vmm_gpu) echo 'cudaErrorInvalidValue .* call to (cudaFuncGetParamInfo|cudaGetLastError)\.' ;;
+      test_debug_gpu|test_vmm_gpu|test_graph_audit_gpu) echo 'cudaErrorInvalidValue .* call to (cudaFuncGetParamInfo|cudaGetLastError)\.' ;;
       test_reliability_gpu) echo 'cudaErrorMemoryAllocation .* call to (cudaMallocFromPoolAsync|cudaMallocAsync|cudaMalloc|cudaGetLastError)\.' ;;
       *) echo '^$' ;;
     esac

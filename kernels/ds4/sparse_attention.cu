@@ -16,9 +16,10 @@
 // the same order they produce bitwise identical output.
 //
 // Engines (AttentionOptions, kernels.hpp), in attention/:
-//   ws_kernel.cuh        warp-specialized (sm_90a): a producer warpgroup gathers and dequantizes
-//                        rows into a double-buffered bf16 K tile, a math and a PV warpgroup run S,
-//                        the softmax and PV on wgmma, the splits merge in a thread-block cluster;
+//   ws_kernel.cuh        warp-specialized (sm_90a): a producer warpgroup (producer.cuh) gathers
+//                        and dequantizes rows into a double-buffered bf16 K tile, a math and a PV
+//                        warpgroup run S, the softmax and PV on wgmma; merge.cuh: the splits merge
+//                        in a thread-block cluster;
 //   mma_sync_kernel.cuh  portable mma.sync engine (any sm_80+ GPU);
 //   combine.cu           the merge through the scratch for other split counts;
 //   config.cuh           tile shapes, shared-memory plans, named barriers; params.cuh the launch

@@ -20,6 +20,7 @@ void bind_arena(nb::module_& m);
 void bind_debug(nb::module_& m);
 void bind_torch_backend(nb::module_& m);
 void bind_torch_allocator(nb::module_& m);
+void bind_ds4(nb::module_& m);  // graphsafe._graphsafe.ds4, when built with the DS4 kernels
 // Whether the exported torch allocator serves an arena on this backend (graphsafe.torch_mem_pool).
 bool torch_allocator_serves(const Backend& backend);
 

@@ -107,6 +107,9 @@ NB_MODULE(_graphsafe, m) {
   bind_arena(m);
   bind_torch_backend(m);
   bind_torch_allocator(m);
+#ifdef GRAPHSAFE_PYTHON_DS4
+  bind_ds4(m);
+#endif
 }
 
 namespace graphsafe::python {

@@ -137,7 +137,13 @@ class TorchCudaBackend final : public Backend {
   void destroy(GraphHandle& h) noexcept override {
     if (!h.graph) return;
     nb::gil_scoped_acquire gil;
+    // As CudaBackend::destroy: the torch graph may die while this thread captures another (Python
+    // drops the old graph when `with arena.capture(b) as cap:` rebinds `cap`), and its
+    // cudaGraphExecDestroy would invalidate that capture in global mode.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
     Py_DECREF(static_cast<PyObject*>(h.graph));
+    if (exchanged) cudaThreadExchangeStreamCaptureMode(&mode);
     h.graph = nullptr;
   }
 

@@ -1,5 +1,6 @@
 """docs/python.md: every ```python block runs, in order, in one namespace (as a reader would paste
-them); ```python cuda blocks run only with torch and a CUDA device."""
+them); ```python cuda blocks run only with torch and a CUDA device, ```python ds4 blocks also only
+when graphsafe was built with the DS4 kernels."""
 import pathlib
 import re
 
@@ -30,3 +31,17 @@ def test_the_torch_section_runs_on_a_gpu():
     ns = {}
     for i, block in enumerate(code):
         exec(compile(block, f"{DOC.name}[cuda block {i}]", "exec"), ns)
+
+
+def test_the_ds4_section_runs_on_a_gpu():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    ds4 = pytest.importorskip("graphsafe.ds4")
+    if not ds4.available():
+        pytest.skip("graphsafe was built without the DS4 kernels (GRAPHSAFE_BUILD_DS4=OFF)")
+    code = blocks(" ds4")
+    assert code, "docs/python.md lost its DS4 block"
+    ns = {}
+    for i, block in enumerate(code):
+        exec(compile(block, f"{DOC.name}[ds4 block {i}]", "exec"), ns)

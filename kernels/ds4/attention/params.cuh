@@ -34,9 +34,6 @@ struct Params {
   const std::int32_t *idx, *lens;
   int width;
   int cluster;       // ws kernel: 1 = the splits of a (request, head group) form a cluster
-  // ws kernel: 1 = read the zero row instead of cache rows. Always 0 (nothing sets it); kept because
-  // removing its test changes the paged kernel's SASS, which wants an H200 timing first.
-  int probe;
 };
 
 // Arguments checked and copied into Params (sparse_attention.cu).

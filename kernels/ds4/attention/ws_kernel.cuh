@@ -1,7 +1,8 @@
 // DS4 sparse attention, warp-specialized kernel (sm_90a). One CTA = (split, request b, group of 64
 // heads), grid (splits, B, H / 64), 384 threads = 3 warpgroups:
-//   warpgroup 2 (producer) gathers the tile's rows (fp8 data + scales, or bf16 workspace rows),
-//     dequantizes them into a double-buffered bf16 K tile (WsSmem::tiles.k) and signals FULL[stage];
+//   warpgroup 2 (producer, producer.cuh) gathers the tile's rows (fp8 data + scales, or bf16
+//     workspace rows), dequantizes them into a double-buffered bf16 K tile (WsSmem::tiles.k) and
+//     signals FULL[stage];
 //   warpgroup 0 (math): S = Q K^T (one chain of 32 wgmma m64n64k16, A = Q, B = K, both K-major),
 //     the online softmax (it owns m and l), P (bf16) and the rescale factors handed to warpgroup 1
 //     through shared memory, and O[:, 0 .. 255] += P V (wgmma m64n128k16 pairs, A = P from
@@ -10,36 +11,25 @@
 //     stage (EMPTY[stage]) and the P buffer (P_FREE). Its PV of tile j - 1 overlaps the math
 //     warpgroup's S of tile j.
 // Then the splits merge inside the cluster (2 or 4 ranks, over distributed shared memory), or the
-// partials go to the scratch for combine_splits_kernel. Same numerics as the mma.sync engine (bf16
-// operands, fp32 accumulation, bf16 P, base-2 online softmax); every merge runs in split order.
-// The roles, the barriers and the shared-memory plan are in config.cuh; Probe is the
+// partials go to the scratch for combine_splits_kernel (merge.cuh). Same numerics as the mma.sync
+// engine (bf16 operands, fp32 accumulation, bf16 P, base-2 online softmax); every merge runs in
+// split order. The roles, the barriers and the shared-memory plan are in config.cuh; Probe is the
 // instrumentation policy (probe.cuh).
 //
-// The roles stay in one function: as separate device functions, LLVM simplifies each role before
-// it sees the kernel's facts (the known bits of the row and stage indices), which changes the tile
-// loops' code and made them slower.
+// This file holds the prologue (queries, lengths, the first slots), the role dispatch and the
+// consumers' tile loop; the producer's loop is producer.cuh, what follows the loops merge.cuh. The
+// consumers stay in the kernel function: as a device function of their own, the compiler schedules
+// and allocates their loop differently (same instructions, other registers and order), which was
+// measured slower; the producer and the merge compile to the same code either way.
 #pragma once
 
 #include "config.cuh"
+#include "merge.cuh"
 #include "params.cuh"
 #include "probe.cuh"
-
-#include <cooperative_groups.h>
-
-#include <type_traits>
+#include "producer.cuh"
 
 namespace graphsafe::ds4::cuda::attention {
-
-namespace cg = cooperative_groups;
-
-// The paged producer's stand-in for rows it does not load from a cache (invalid slots, rows past
-// the request's length): 576 zero data bytes and zero scales, so such rows dequantize to zeros.
-namespace {
-__device__ __align__(16) std::uint8_t g_zero_row[kRawStride];
-}
-// The two-rank cluster merge receives the peer's O in this many chunks, each counted by its own
-// mbarrier, so merging overlaps the push (a merge batch is 8 float4).
-constexpr int kMergeChunks = 4;
 
 template <bool kPaged, class Probe>
 __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(const Params p) {
@@ -148,205 +138,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(const Params p) {
   if (c == 2) {
     // ================================ producer ================================
     setmaxnreg_dec<kWsProducerRegs>();  // gives the consumers their 2 x (consumer - launch) x 128
-    // Thread (producer warp pw, lane l) owns rows r0 = 16 pw + l % 8 (row A) and r0 + 8 (row B) of
-    // every tile and their 16-byte chunks q + 4m (q = l / 8). It fetches its rows' slots and
-    // computes their addresses itself (4 threads share a row: redundant index loads hit L1), so no
-    // row pointers go through shared memory and no producer-wide barrier sits in the loop. Every
-    // chunk's global offset and shared-memory offset is a compile-time constant from two bases. A
-    // warp's load covers 8 rows x 64 contiguous bytes (8 L1 wavefronts), and each 8-lane phase of a
-    // 128-bit shared store covers 8 consecutive rows of one core-matrix column (conflict-free).
-    // Paged rows are software-pipelined across tiles: a row's registers are refilled with the same
-    // row of the next tile as soon as that row is stored, so the next tile's loads are in flight
-    // while this tile is dequantized, stored and published and while the producer waits for the
-    // next stage (issued after the stores, they put one L2 latency per tile on the critical path).
-    const int q = (ptid >> 3) & 3;
-    auto fetch_slot = [&](int t, int row) { return slot_of(t, row, n_cmp, T, t_end); };
-    // Slots of tiles t (sl0), t + 1 (sl1), t + 2 (sl2) and t + 3 (sl3, fetched at the top of an
-    // iteration). The L2 prefetch of tile t + 2 after the FULL arrive reads slots fetched one
-    // iteration earlier (about one index-load latency: prefetching from slots fetched in the same
-    // iteration would wait for them), so a tile's own loads are L2 hits. The index load is one predicated
-    // instruction (ld_nc_or) so that nothing waits for it before that first read.
-    // The first three come from the full-width fetch above when the request is at full width
-    // (then t_begin, t_end and every row's source are the same).
-    if (n_cmp != nc_full || T != T_full) {
-#pragma unroll
-      for (int k = 0; k < 3; ++k)
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) sl_full[k][rr] = fetch_slot(t_begin + k, r0 + 8 * rr);
-    }
-    int sl0[2], sl1[2], sl2[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      sl0[rr] = sl_full[0][rr];
-      sl1[rr] = sl_full[1][rr];
-      sl2[rr] = sl_full[2][rr];
-    }
-    [[maybe_unused]] const bool tl0 = ptid == 0;
-    if constexpr (kPaged) {
-      // fp8 chunk c = q + 4m (m < 7): scale byte m, bf16 chunks 2c, 2c + 1 -> kr + 256 q + 1024 m
-      // (+ 128). Rope chunk c = 28 + q + 4m' (m' < 2): bf16 chunk 56 + q + 4m' -> kr + 7168 +
-      // 128 q + 512 m'. w[rr] / sc[rr] hold row rr's 9 chunks and scales of the tile being stored.
-      uint4 w[2][9];
-      uint2 sc[2];
-      // Addresses of a row of tile t: the cache row, or the zero row (an invalid slot, a row past
-      // T or past t_end, the probe). The loads are then unconditional: no zeroing of w[] and no
-      // branch per row.
-      const std::uint8_t* const zero = g_zero_row;
-      auto row_addr = [&](int t, int row, int slot, const std::uint8_t*& d, const std::uint8_t*& scp) {
-        const CacheView& cv = t * kTileRows + row < n_cmp ? p.cmp : p.swa;
-        d = zero;
-        scp = zero + kTokenDataBytes;
-        if (cv.valid(slot) && !(p.probe & 1)) cv.locate(slot, d, scp);
-      };
-      auto issue_row = [&](int rr, const std::uint8_t* d, const std::uint8_t* scp) {  // row rr's loads into w[rr]
-        const uint4* src = reinterpret_cast<const uint4*>(d) + q;
-#pragma unroll
-        for (int mm = 0; mm < 9; ++mm) w[rr][mm] = __ldg(src + 4 * mm);
-        sc[rr] = __ldg(reinterpret_cast<const uint2*>(scp));  // 7 scales + pad
-      };
-      auto prefetch_row = [&](const std::uint8_t* d, const std::uint8_t* scp) {  // this thread's quarter
-        if (d == zero) return;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(d + q * 128));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(q == 0 ? d + 512 : scp));
-      };
-      auto store_row = [&](std::uint8_t* kr, int rr) {  // dequantize w[rr] into the stage
-        std::uint8_t* kf = kr + rr * kWgRowSbo + 256 * q;
-        const uint2 sr = sc[rr];
-        // Rows with a scale byte >= 128 (never real KV scales) take the general dequant16 (a
-        // branch, not hot-path code); both loops unrolled: a rolled one would index w[] dynamically.
-        if (((sr.x | sr.y) & 0x80808080u) == 0) {
-#pragma unroll
-          for (int mm = 0; mm < 7; ++mm) {
-            uint4 lo, hi;
-            dequant16_small(w[rr][mm], ue8m0_factor(((mm < 4 ? sr.x : sr.y) >> (8 * (mm & 3))) & 0xFFu), lo, hi);
-            *reinterpret_cast<uint4*>(kf + 1024 * mm) = lo;
-            *reinterpret_cast<uint4*>(kf + 1024 * mm + 128) = hi;
-          }
-        } else {
-#pragma unroll
-          for (int mm = 0; mm < 7; ++mm) {
-            uint4 lo, hi;
-            dequant16(w[rr][mm], ((mm < 4 ? sr.x : sr.y) >> (8 * (mm & 3))) & 0xFFu, lo, hi);
-            *reinterpret_cast<uint4*>(kf + 1024 * mm) = lo;
-            *reinterpret_cast<uint4*>(kf + 1024 * mm + 128) = hi;
-          }
-        }
-        std::uint8_t* kp = kr + rr * kWgRowSbo + 56 * 128 + 128 * q;
-        *reinterpret_cast<uint4*>(kp) = w[rr][7];
-        *reinterpret_cast<uint4*>(kp + 512) = w[rr][8];
-      };
-      // Each row is located once, when its L2 prefetch is issued (one tile ahead of its loads);
-      // pd / ps keep the addresses of tile t + 1's rows until their loads are issued.
-      const std::uint8_t *pd[2], *ps[2];
-      bool ok[2];  // rows of the tile in w[] are cache rows (vld)
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        row_addr(t_begin, r0 + 8 * rr, sl0[rr], pd[rr], ps[rr]);
-        ok[rr] = pd[rr] != zero;
-        issue_row(rr, pd[rr], ps[rr]);
-      }
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        row_addr(t_begin + 1, r0 + 8 * rr, sl1[rr], pd[rr], ps[rr]);
-        prefetch_row(pd[rr], ps[rr]);
-      }
-      for (int j = 0; j < n; ++j) {
-        const int t = t_begin + j, st = j & 1;
-        int sl3[2];
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) sl3[rr] = fetch_slot(t + 3, r0 + 8 * rr);
-        std::uint8_t* kr = Ks + st * kWgKBytes + (r0 >> 3) * kWgRowSbo + (r0 & 7) * 16;
-        probe.stamp(tl::p_loads_start + (j & 7), tl0);
-        if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
-        probe.stamp(tl::p_empty_ok + (j & 7), tl0);
-        if (q == 0) {
-          vld[st * 64 + r0] = ok[0] ? 1 : 0;
-          vld[st * 64 + r0 + 8] = ok[1] ? 1 : 0;
-        }
-        probe.stamp_after(tl::p_loads_issued + (j & 7), tl0, w[0][8].w);
-        store_row(kr, 0);
-        ok[0] = pd[0] != zero;
-        issue_row(0, pd[0], ps[0]);  // row A of the next tile (the zero row past t_end)
-        store_row(kr, 1);
-        probe.stamp(tl::p_stores_done + (j & 7), tl0);
-        fence_proxy_async();
-        probe.stamp(tl::p_full_arrive + (j & 7), tl0);
-        bar_arrive(kBarFull0 + st, kWsThreads);
-        ok[1] = pd[1] != zero;
-        issue_row(1, pd[1], ps[1]);  // row B of the next tile
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          row_addr(t + 2, r0 + 8 * rr, sl2[rr], pd[rr], ps[rr]);
-          prefetch_row(pd[rr], ps[rr]);
-        }
-        probe.stamp(tl::p_prefetched + (j & 7), tl0);
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) sl2[rr] = sl3[rr];
-      }
-    } else {
-      // Workspace rows (bf16): chunk c = q + 4m (m < 16) -> kr + 128 q + 512 m; 16 loads per row,
-      // the first row's issued before the stage wait (both rows' would take 128 registers).
-      auto row_ptr = [&](long long slot) -> const std::uint8_t* {  // null: invalid row or no tile -> zeros
-        if (slot < 0 || slot >= p.ws_rows || (p.probe & 1)) return nullptr;
-        return reinterpret_cast<const std::uint8_t*>(p.ws + slot * kHeadDim);
-      };
-      // L2 prefetch of this thread's quarter of its two rows (the 4 threads of a row split its lines).
-      auto l2_prefetch = [&](const int* slot) {
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const std::uint8_t* d = row_ptr(slot[rr]);
-          if (d == nullptr) continue;
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(d + q * 128));
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(d + 512 + q * 128));
-        }
-      };
-      l2_prefetch(sl1);
-      for (int j = 0; j < n; ++j) {
-        const int t = t_begin + j, st = j & 1;
-        int sl3[2];
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) sl3[rr] = fetch_slot(t + 3, r0 + 8 * rr);
-        const std::uint8_t* d[2] = {row_ptr(sl0[0]), row_ptr(sl0[1])};
-        std::uint8_t* kr = Ks + st * kWgKBytes + (r0 >> 3) * kWgRowSbo + (r0 & 7) * 16;
-        probe.stamp(tl::p_loads_start + (j & 7), tl0);
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const uint4* src = reinterpret_cast<const uint4*>(d[rr]) + q;
-          uint4 v[16];
-#pragma unroll
-          for (int mm = 0; mm < 16; ++mm) v[mm] = d[rr] != nullptr ? __ldg(src + 4 * mm) : make_uint4(0, 0, 0, 0);
-          if (rr == 0) {
-            if (j >= 2) bar_sync(kBarEmpty0 + st, kWsThreads);  // consumers are done with tile t-2
-            probe.stamp(tl::p_empty_ok + (j & 7), tl0);
-            if (q == 0) {
-              vld[st * 64 + r0] = d[0] != nullptr ? 1 : 0;
-              vld[st * 64 + r0 + 8] = d[1] != nullptr ? 1 : 0;
-            }
-          }
-#pragma unroll
-          for (int mm = 0; mm < 16; ++mm) *reinterpret_cast<uint4*>(kr + rr * kWgRowSbo + 128 * q + 512 * mm) = v[mm];
-        }
-        probe.stamp(tl::p_stores_done + (j & 7), tl0);
-        fence_proxy_async();
-        probe.stamp(tl::p_full_arrive + (j & 7), tl0);
-        bar_arrive(kBarFull0 + st, kWsThreads);
-        l2_prefetch(sl2);
-        probe.stamp(tl::p_prefetched + (j & 7), tl0);
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          sl0[rr] = sl1[rr];
-          sl1[rr] = sl2[rr];
-          sl2[rr] = sl3[rr];
-        }
-      }
-    }
-    // The producers never rejoin the consumers' code (their register budget is smaller): they take
-    // part in the cluster merge's barriers here and leave.
-    if (p.cluster) {  // barriers A and B of the merge
-      cg::cluster_group cluster = cg::this_cluster();
-      cluster.sync();
-      if (cluster.num_blocks() != 2) cluster.sync();  // the two-rank merge has no barrier B
-    }
+    produce_tiles<kPaged>(p, Ks, vld, probe, slot_of, ptid, r0, sl_full, nc_full, T_full, n_cmp, T, t_begin, t_end, n);
+    // The producers take part in the cluster merge's barriers and leave.
+    if (p.cluster) cluster_merge_producer();
     return;
   }
   {
@@ -540,264 +334,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(const Params p) {
   }
 
   if (p.cluster) {
-    // Split-K merge inside the cluster (the splits of one (request, head group); launch.cuh uses a
-    // cluster only for 2 or 4 splits). Heads are dealt to ranks by consumer warp (2 ranks: warps
-    // 0-1 / 2-3 of each consumer warpgroup; 4 ranks: one warp each). After barrier A (every rank
-    // is done with its Q / K area, which becomes the receive area) each thread stores its O and
-    // (m, l) into slot `rank` of the owner's receive area (remote stores: no round trips; the
-    // owner's own threads store locally), barrier B, then all 256 consumer threads of each rank
-    // merge its heads from local shared memory, ranks in split order (combine_splits_kernel's
-    // arithmetic), into a bf16 stage written out with 16-byte coalesced stores. No global
-    // scratch, no second kernel.
-    // With every rank's O in shared memory the merge is a short rolled loop over all consumer
-    // threads (keeping the owner's O in registers would select between a register and a received
-    // value for each of up to 4 ranks at every step: long, cold code).
-    cg::cluster_group cluster = cg::this_cluster();
-    const int rank = static_cast<int>(cluster.block_rank());
-    const int nr = static_cast<int>(cluster.num_blocks());
-    const int per = 4 / nr;                                          // warps per warpgroup per owner
-    const int owner = w4 / per;
-    const int nthr = kWsConsumers / nr;                              // threads per owner
-    const int li = c * (per * 32) + (w4 % per) * 32 + lane;           // index among them
-    const int heads = 64 / nr;                                       // heads per owner
-    float4* recv = reinterpret_cast<float4*>(smem + offsetof(WsSmem, merge.recv));  // [nr][32][nthr]
-    float* mlr = reinterpret_cast<float*>(smem + offsetof(WsSmem, merge.ml));       // [nr][64][2]
-    std::uint8_t* stage = smem + offsetof(WsSmem, merge.stage);                     // [heads][1040 B]
-    // This rank's heads [rank * heads, +heads) are one contiguous block of the output: once every
-    // consumer has staged its merged values, 16-byte coalesced stores (direct 4-byte stores touch
-    // 8 heads x 16 bytes per warp store and throttle the LSU). The generic merge ends here; the
-    // two-rank merge stores batch by batch.
-    auto store_staged = [&](int heads) {
-      bar_sync(kBarOut, kWsConsumers);
-      probe.stamp(tl::staged, tid == 0);
-      uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + rank * heads) * kHeadDim);
-#pragma unroll 4
-      for (int i = tid; i < heads * kHeadDim / 8; i += kWsConsumers)
-        gout[i] = *reinterpret_cast<const uint4*>(stage + (i >> 6) * kWsOutStride + (i & 63) * 16);
-      probe.exit(tid == 0);
-    };
-    // Thread tid will merge float4 column lm = tid % nthr of this rank's slots, rows e = tid / nthr +
-    // 256 / nthr * k: the values pushed by the threads with index lm, i.e. heads g[0], g[1] and
-    // dims d, d + 1 (o[]'s mapping for warp mw of a warpgroup mc). The sinks are loaded now, so
-    // their latency is spent in the barriers.
-    if (nr == 2) {
-      // Two ranks (the C4 / C128 / C1 default): rank r owns heads [32 r, 32 r + 32), i.e. warps
-      // 2r, 2r + 1 of each consumer warpgroup, which keep their O in registers; only the other
-      // warps push (64 KB per CTA, into the peer's single receive slot), and each owner thread
-      // merges its own values with the peer thread's of the same layout (same li). Compared with
-      // every rank storing all of O into shared memory and all threads merging from there, this
-      // drops 64 KB of local stores and 64 KB of loads per CTA. Same arithmetic as
-      // combine_splits_kernel, ranks in split order.
-      const bool mine = owner == rank;
-      float sk[2] = {-INFINITY, -INFINITY};
-      if (mine && p.sink != nullptr) {
-        sk[0] = p.sink[head0 + hrow[0]] * kLog2e;
-        sk[1] = p.sink[head0 + hrow[1]] * kLog2e;
-      }
-      // The push is st.async into the peer, counted by the peer's merge barriers (one arrival, the
-      // expect_tx, + the pushed bytes): no barrier B with its release fence and its wait for every
-      // thread of both CTAs; only the owners wait, for their own bytes. The barriers are initialized before
-      // barrier A, which orders them before every other use (the peer's st.async, the expect_tx,
-      // the waits; a transaction count may go below zero before the expect_tx).
-      // The 64 KB arrive in kMergeChunks chunks of 32 / kMergeChunks float4 per thread, each with
-      // its own barrier, (m, l) first on chunk 0's: the owners compute the merge weights and merge
-      // chunk k while chunks k + 1.. are still in flight and store each merged batch at once, so
-      // only the last chunk's merge and stores follow the push.
-      constexpr int kChunkE = 32 / kMergeChunks;
-      __shared__ alignas(8) std::uint64_t merge_bar[kMergeChunks];
-      if (tid < kMergeChunks) mbar_init(&merge_bar[tid], 1);
-      cluster.sync();  // A: the peer is done with its Q / K area (and its barriers are initialized)
-      probe.stamp(tl::cluster_a, tid == 0);
-      if (tid < kMergeChunks) mbar_arrive_expect_tx(&merge_bar[tid], kChunkE * 128 * 16 + (tid == 0 ? 16 * 2 * 8 : 0));
-      if (!mine) {
-        std::uint32_t rbar[kMergeChunks];
-#pragma unroll
-        for (int k = 0; k < kMergeChunks; ++k) rbar[k] = mapa_u32(&merge_bar[k], owner);
-        if (c == 0 && (lane & 3) == 0) {
-          const std::uint32_t dml = mapa_u32(mlr, owner);
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) st_async_v2(dml + hrow[jj] * 8, m[jj], l[jj], rbar[0]);
-        }
-        const std::uint32_t dst = mapa_u32(recv + li, owner);
-#pragma unroll
-        for (int e = 0; e < 32; ++e)
-          st_async_v4(dst + e * 128 * 16, make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]), rbar[e / kChunkE]);
-      } else {
-        mbar_wait_cluster(&merge_bar[0], 0);
-      }
-      probe.stamp(tl::cluster_b, tid == 0);
-      if (mine) {
-        float w0[2], w1[2], inv[2];
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const float mp = mlr[hrow[jj] * 2], lp = mlr[hrow[jj] * 2 + 1];
-          const float m0 = rank == 0 ? m[jj] : mp, l0 = rank == 0 ? l[jj] : lp;
-          const float m1 = rank == 0 ? mp : m[jj], l1 = rank == 0 ? lp : l[jj];
-          float M = -INFINITY, L = 0.f;
-          if (l0 > 0.f) M = fmaxf(M, m0);
-          if (l1 > 0.f) M = fmaxf(M, m1);
-          w0[jj] = l0 > 0.f ? exp2f(m0 - M) : 0.f;
-          w1[jj] = l1 > 0.f ? exp2f(m1 - M) : 0.f;
-          if (l0 > 0.f) L = __fmaf_rn(l0, w0[jj], L);
-          if (l1 > 0.f) L = __fmaf_rn(l1, w1[jj], L);
-          inv[jj] = 0.f;
-          if (L > 0.f) inv[jj] = 1.f / (L + exp2f(sk[jj] - M));  // no sink: exp2(-inf) = 0
-        }
-        probe.stamp_after(tl::merge_weights, tid == 0, __float_as_uint(inv[1]));
-        // Stage row stride 1040 B: a warp's 4-byte stores (8 heads x 4 column pairs) fall in
-        // distinct banks.
-        std::uint8_t* s0 = stage + (hrow[0] - rank * 32) * kWsOutStride + (c * 256 + qc) * 2;
-        std::uint8_t* s1 = s0 + 8 * kWsOutStride;
-        uint4* gout = reinterpret_cast<uint4*>(p.out + (static_cast<long long>(b) * p.H + head0 + rank * 32) * kHeadDim);
-        // Batches of 8 received values, all loaded before the batch's first stage store (the
-        // compiler does not move shared loads above shared stores it cannot disambiguate: one
-        // load latency per value otherwise), and the
-        // rank as a compile-time value (no selects in the loop). Fully unrolled: o[] is indexed
-        // by e (a rolled loop would put O in local memory).
-        auto merge = [&](auto rank_is_0) {
-#pragma unroll
-          for (int e0 = 0; e0 < 32; e0 += 8) {
-            if (e0 > 0 && e0 % kChunkE == 0) mbar_wait_cluster(&merge_bar[e0 / kChunkE], 0);
-            float4 v[8];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) v[k] = recv[(e0 + k) * 128 + li];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-              const int e = e0 + k;
-              const float4 own = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
-              const float4 x0 = decltype(rank_is_0)::value ? own : v[k], x1 = decltype(rank_is_0)::value ? v[k] : own;
-              float4 a;
-              a.x = __fmaf_rn(x1.x, w1[0], __fmaf_rn(x0.x, w0[0], 0.f));
-              a.y = __fmaf_rn(x1.y, w1[0], __fmaf_rn(x0.y, w0[0], 0.f));
-              a.z = __fmaf_rn(x1.z, w1[1], __fmaf_rn(x0.z, w0[1], 0.f));
-              a.w = __fmaf_rn(x1.w, w1[1], __fmaf_rn(x0.w, w0[1], 0.f));
-              *reinterpret_cast<std::uint32_t*>(s0 + e * 16) = pack_bf16x2(a.x * inv[0], a.y * inv[0]);
-              *reinterpret_cast<std::uint32_t*>(s1 + e * 16) = pack_bf16x2(a.z * inv[1], a.w * inv[1]);
-            }
-            // Batch e0 / 8 is dims [64 k, 64 k + 64) of each warpgroup's 256, i.e. two 128-byte
-            // segments per head (bytes 128 k and 512 + 128 k of its output row): once every owner
-            // has staged it, 512 16-byte stores, 4 per owner, 8 lanes per segment.
-            bar_sync(kBarOwners, 128);
-            const int k = e0 / 8;
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-              const int i = li + 128 * u, h = i >> 4, sg = (i >> 3) & 1, col = i & 7;
-              gout[h * 64 + sg * 32 + k * 8 + col] =
-                  *reinterpret_cast<const uint4*>(stage + h * kWsOutStride + sg * 512 + k * 128 + col * 16);
-            }
-          }
-        };
-        if (rank == 0)
-          merge(std::true_type{});
-        else
-          merge(std::false_type{});
-      }
-      probe.stamp(tl::merged, tid == 0);
-      probe.stamp(tl::staged, mine && li == 0);  // the owners stored their heads batch by batch above
-      probe.exit(mine && li == 0);
-      return;
-    }
-    const int lm = tid % nthr, e0 = tid / nthr, estep = kWsConsumers / nthr;
-    const int mc = lm / (per * 32), mw = rank * per + (lm / 32) % per, ml = lm % 32;
-    const int g[2] = {16 * mw + (ml >> 2), 16 * mw + (ml >> 2) + 8};
-    const int d = mc * 256 + 2 * (ml & 3);
-    float sink_l2[2] = {-INFINITY, -INFINITY};
-    if (p.sink != nullptr) {
-      sink_l2[0] = p.sink[head0 + g[0]] * kLog2e;
-      sink_l2[1] = p.sink[head0 + g[1]] * kLog2e;
-    }
-    cluster.sync();  // A
-    probe.stamp(tl::cluster_a, tid == 0);
-    {
-      float4* dst = (owner == rank ? recv : cluster.map_shared_rank(recv, owner)) + rank * 32 * nthr + li;
-#pragma unroll
-      for (int e = 0; e < 32; ++e) dst[e * nthr] = make_float4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
-    }
-    if (c == 0 && (lane & 3) == 0) {
-      float* dml = (owner == rank ? mlr : cluster.map_shared_rank(mlr, owner)) + rank * 128;
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) { dml[hrow[jj] * 2] = m[jj]; dml[hrow[jj] * 2 + 1] = l[jj]; }
-    }
-    cluster.sync();  // B: every slot landed
-    probe.stamp(tl::cluster_b, tid == 0);
-    float wr[4][2], inv[2];
-#pragma unroll
-    for (int jj = 0; jj < 2; ++jj) {
-      float M = -INFINITY, L = 0.f;
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        if (r < nr && mlr[r * 128 + g[jj] * 2 + 1] > 0.f) M = fmaxf(M, mlr[r * 128 + g[jj] * 2]);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float lr = r < nr ? mlr[r * 128 + g[jj] * 2 + 1] : 0.f;
-        wr[r][jj] = lr > 0.f ? exp2f(mlr[r * 128 + g[jj] * 2] - M) : 0.f;
-        if (lr > 0.f) L = __fmaf_rn(lr, wr[r][jj], L);
-      }
-      inv[jj] = 0.f;
-      if (L > 0.f) inv[jj] = 1.f / (L + exp2f(sink_l2[jj] - M));  // no sink: exp2(-inf) = 0
-    }
-    probe.stamp_after(tl::merge_weights, tid == 0, __float_as_uint(inv[1]));
-    // Stage row stride 1040 B: the 8 heads of a warp's 4-byte stores fall in distinct banks.
-    std::uint8_t* s0 = stage + (g[0] - rank * heads) * kWsOutStride + d * 2;
-    std::uint8_t* s1 = stage + (g[1] - rank * heads) * kWsOutStride + d * 2;
-    // 32 / nr rows e per thread (16 or 8), in batches of 4: all loads of a batch are issued
-    // before its first use (the stage stores would otherwise keep the compiler from hoisting the
-    // next row's loads above them: one shared-memory latency per row).
-    for (int e = e0; e < 32; e += 4 * estep) {
-      float4 v[4][4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          if (r < nr) v[k][r] = recv[(r * 32 + e + k * estep) * nthr + lm];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        // acc = sum over ranks in order of O_r * w_r; a rank with l = 0 has w = 0 and O = 0, so
-        // its fma leaves acc unchanged (bitwise: acc starts at +0), as the combine kernel's
-        // skipped term does.
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          if (r >= nr) break;
-          a.x = __fmaf_rn(v[k][r].x, wr[r][0], a.x);
-          a.y = __fmaf_rn(v[k][r].y, wr[r][0], a.y);
-          a.z = __fmaf_rn(v[k][r].z, wr[r][1], a.z);
-          a.w = __fmaf_rn(v[k][r].w, wr[r][1], a.w);
-        }
-        const int ek = e + k * estep;
-        *reinterpret_cast<std::uint32_t*>(s0 + ek * 16) = pack_bf16x2(a.x * inv[0], a.y * inv[0]);
-        *reinterpret_cast<std::uint32_t*>(s1 + ek * 16) = pack_bf16x2(a.z * inv[1], a.w * inv[1]);
-      }
-    }
-    probe.stamp(tl::merged, tid == 0);
-    store_staged(heads);
+    cluster_merge(p, smem, probe, o, m, l, b, head0, tid, lane, c, w4, qc, hrow);
     return;
   }
-
-#pragma unroll
-  for (int jj = 0; jj < 2; ++jj) {
-    const int h = hrow[jj];
-    if (p.splits == 1) {
-      float inv = 0.f;
-      if (l[jj] > 0.f) {
-        const float sterm = p.sink != nullptr ? exp2f(p.sink[head0 + h] * kLog2e - m[jj]) : 0.f;
-        inv = 1.f / (l[jj] + sterm);
-      }
-      std::uint16_t* orow = p.out + (static_cast<long long>(b) * p.H + head0 + h) * kHeadDim + c * 256 + qc;
-#pragma unroll
-      for (int nb = 0; nb < 32; ++nb)
-        *reinterpret_cast<std::uint32_t*>(orow + nb * 8) = pack_bf16x2(o[4 * nb + 2 * jj] * inv, o[4 * nb + 2 * jj + 1] * inv);
-    } else {
-      float* orow = p.part_o + (part + h) * kHeadDim + c * 256 + qc;
-#pragma unroll
-      for (int nb = 0; nb < 32; ++nb)
-        *reinterpret_cast<float2*>(orow + nb * 8) = make_float2(o[4 * nb + 2 * jj], o[4 * nb + 2 * jj + 1]);
-      if (c == 0 && (lane & 3) == 0) {
-        p.part_ml[(part + h) * 2 + 0] = m[jj];
-        p.part_ml[(part + h) * 2 + 1] = l[jj];
-      }
-    }
-  }
+  store_result(p, o, m, l, b, head0, part, lane, c, qc, hrow);
 }
 
 }  // namespace graphsafe::ds4::cuda::attention
