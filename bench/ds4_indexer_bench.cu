@@ -36,6 +36,7 @@
 #include <fstream>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -214,12 +215,18 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(dtable.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   auto logits = gk::device_alloc(items * 4), top = gk::device_alloc(static_cast<std::size_t>(batch) * topk * 4);
 
+  // GRAPHSAFE_DS4_INDEXER=mma_sync times the portable scores kernel (the launcher's engine argument).
+  const char* engine_env = std::getenv("GRAPHSAFE_DS4_INDEXER");
+  const gk::IndexerEngine engine = engine_env != nullptr && std::string(engine_env) == "mma_sync"
+                                       ? gk::IndexerEngine::mma_sync
+                                       : gk::IndexerEngine::automatic;
   auto score = [&](int l) {
     gk::IndexerScoreArgs a;
     a.batch = batch; a.N = N; a.seq_lens = reinterpret_cast<const std::int32_t*>(dlens.get());
     a.q = q.get(); a.weights = reinterpret_cast<const float*>(dw.get()); a.cache = views[l];
     a.block_table = reinterpret_cast<const std::int32_t*>(dtable.get()); a.blocks_per_req = blocks_per_req;
     a.logits = reinterpret_cast<float*>(logits.get());
+    a.engine = engine;
     gk::indexer_score(a, st);
   };
   auto select = [&] {
@@ -321,8 +328,9 @@ int main(int argc, char** argv) {
   const double flops = static_cast<double>(rows_read) * 2.0 * ds4::kIndexerHeads * ds4::kIndexerDim;
   const double bound_us = std::max(bytes / copy_bw, flops / kFp8PeakFlops) * 1e6;
 
-  std::printf("%s: B=%d, K=%d, max_len=%d, %lld indexer rows per layer (%.1f MB), %d layers\n", prop.name, batch,
-              topk, max_len, rows_read, bytes / 1e6, layers);
+  std::printf("%s: B=%d, K=%d, max_len=%d, %lld indexer rows per layer (%.1f MB), %d layers, scores on %s\n",
+              prop.name, batch, topk, max_len, rows_read, bytes / 1e6, layers,
+              engine == gk::IndexerEngine::mma_sync ? "mma.sync" : "wgmma (sm_90a) when available");
   std::printf("copy bandwidth %.0f GB/s; memory term %.2f us, fp8 FLOP term %.2f us\n", copy_bw / 1e9,
               bytes / copy_bw * 1e6, flops / kFp8PeakFlops * 1e6);
   std::printf("%-24s %10s %10s\n", "part", "us/layer", "x bound");

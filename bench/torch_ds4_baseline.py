@@ -45,17 +45,18 @@ def fill_cache(nblocks, bs, stride, gen, dev):
 def dequant(cache, slots, bs, stride):
     """slots [B, T] int64 (valid) -> bf16 rows [B, T, 512].
 
-    One gather per row, not per byte: the cache is viewed as [blocks, bs, 576] data rows and
-    [blocks, bs, 8] scale rows (both strided views of the same bytes) and indexed by (block, offset),
-    so the index tensors are [B, T] instead of [B, T, 576] int64 (~190 MB per C4 layer at B = 64)."""
+    One gather per row, and each gathered element a word, not a byte: the cache is viewed as 8-byte
+    words, [blocks, bs, 72] data rows and [blocks, bs, 1] scale words (strided views of the same bytes),
+    and indexed by (block, offset). PyTorch's index kernel moves one element per thread step, so a
+    byte view moves 8x the elements for the same bytes."""
     nb = cache.numel() // stride
-    blocks = cache.view(nb, stride)
-    data = blocks[:, : bs * 576].view(nb, bs, 576)
-    scales = blocks[:, bs * 576: bs * 584].view(nb, bs, 8)
+    words = cache.view(torch.int64).view(nb, stride // 8)
+    data = words[:, : bs * 72].view(nb, bs, 72)
+    scales = words[:, bs * 72: bs * 73].view(nb, bs, 1)
     blk = slots // bs
     off = slots % bs
-    raw = data[blk, off]                                                     # [B, T, 576]
-    sc = scales[blk, off, :7]                                                # [B, T, 7]
+    raw = data[blk, off].view(torch.uint8)                                   # [B, T, 576]
+    sc = scales[blk, off].view(torch.uint8)[..., :7]                          # [B, T, 8] -> [B, T, 7]
     B, T = slots.shape
     nope = raw[..., :448].contiguous().view(torch.float8_e4m3fn).to(torch.bfloat16).view(B, T, 7, 64)
     nope = nope * torch.exp2(sc.to(torch.bfloat16) - 127.0).unsqueeze(-1)  # exact: powers of two

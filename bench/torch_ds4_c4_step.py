@@ -6,9 +6,11 @@ Same shapes and lengths: B = 64 requests, 64 index heads of dim 128, K = 512, H 
 W = 128, max_model_len = 65,536, context lengths from the LCG of bench/ds4_attention_bench.cu,
 `--layers` layers with distinct caches (indexer keys: 128 fp8 + one fp32 scale per row in blocks of
 64 rows; attention: fp8_ds_mla rows). Per layer, written the straightforward way on whole tensors:
-  1. indexer: the request's key blocks gathered through the block table as whole blocks
-     ([B, N, 128] fp8 -> bf16), S = K q^T (bf16 bmm, [B, N, 64]), ReLU, the head weights as a second
-     bmm, times the row scale; rows past n_c masked to -inf;
+  1. indexer: the request's key blocks gathered through the block table as whole blocks, 8-byte
+     words per element (index_select of the blocks' key words and, apart, their scale words: both
+     come out contiguous), the keys widened fp8 -> bf16 ([B, N, 128]), S = K q^T (bf16 bmm,
+     [B, N, 64]), ReLU in place, the head weights as a second bmm, times the row scale; rows past
+     n_c masked to -inf;
   2. torch.topk(K) over the rows;
   3. the picked rows' and the window's global slots, one gather per row, dequantized to bf16;
   4. attention with the sink (bf16 bmm, fp32 softmax), as bench/torch_ds4_baseline.py.
@@ -33,6 +35,7 @@ def main():
     ap.add_argument("--max-len", type=int, default=65536)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", default="")
+    ap.add_argument("--profile", action="store_true", help="print the sweep's CUDA kernels by time (torch.profiler)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     B, H, W, K, L = a.batch, 64, 128, a.topk, a.max_len
@@ -87,13 +90,19 @@ def main():
     kpos = torch.arange(K, device=dev)
     valid_c = kpos[None, :] < torch.clamp(n_c, max=K)[:, None]
 
+    icache_words = [c.view(torch.int64) for c in icache]                       # [nb, istride / 8]
+    ctab_flat = ctab.reshape(-1)
+    KW, SW = E * ID // 8, E * 4 // 8                                            # key / scale words per block
+
     def step(l):
-        blocks = icache[l]
-        keys = blocks[:, : E * ID].view(nb, E, ID)[ctab]                           # [B, bpr, 64, 128]
-        kscale = blocks[:, E * ID: E * (ID + 4)].view(torch.float32)[ctab]          # [B, bpr, 64]
-        k = keys.view(B, bpr * E, ID)[:, :N].view(torch.float8_e4m3fn).to(torch.bfloat16)
-        s = torch.relu(torch.bmm(k, qI.transpose(1, 2)))                           # [B, N, 64]
-        score = torch.bmm(s, wI).squeeze(-1).float() * kscale.reshape(B, -1)[:, :N]
+        w = icache_words[l]
+        # Key and scale words gathered separately, so each comes out contiguous: widening a strided
+        # view of the keys runs PyTorch's generic elementwise kernel, ~0.5 ms per layer here.
+        keys = w[:, :KW].index_select(0, ctab_flat)                                # [B * bpr, 1024] int64
+        k = keys.view(torch.float8_e4m3fn).to(torch.bfloat16).view(B, bpr * E, ID)[:, :N]  # [B, N, 128]
+        kscale = w[:, KW: KW + SW].index_select(0, ctab_flat).view(torch.float32).view(B, bpr * E)[:, :N]
+        s = torch.bmm(k, qI.transpose(1, 2)).relu_()                               # [B, N, 64]
+        score = torch.bmm(s, wI).squeeze(-1).float() * kscale
         score = score.masked_fill(rows[None, :] >= n_c[:, None], float("-inf"))
         top = torch.topk(score, K, dim=1).indices                                  # [B, K]
         slots_c = torch.gather(ctab, 1, top // E) * E + top % E
@@ -106,6 +115,13 @@ def main():
             out = step(l)
         return out
 
+    if a.profile:
+        sweep()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            sweep()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))
     us_eager, out = time_us(sweep, a.reps)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

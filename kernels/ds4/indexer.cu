@@ -1,24 +1,27 @@
 // The lightning indexer on the GPU (graphsafe/ds4/indexer.hpp): the key compressor, the scores on
-// fp8 tensor cores and the top-k selection (a radix select with CUB's block primitives).
+// tensor cores and the top-k selection (a radix select with CUB's block scan).
 //
-// Scores: one warp takes 16 key rows at a time and computes S = K8 (16 x 128) * Q8^T (128 x 64
-// heads) with mma.sync m16n8k32 e4m3 (fp32 accumulate); the 64 x 128 query bytes stay in registers
-// as B fragments for the whole row range. Because a dot product does not care in which order its
-// k terms are summed, each thread loads the 32 contiguous key bytes [t*32, t*32+32) of its two rows
-// (two 16-byte loads) and feeds them to the four k-steps; the query fragments use the same
-// permutation of k. Each thread then holds 2 rows x 16 heads of S; ReLU, the head weights and a sum
-// over the quad (fixed shuffle order: replays reproduce eager results bit for bit) give the score.
+// Scores, portable kernel (mma.sync): one warp takes 16 key rows at a time and computes
+// S = K8 (16 x 128) * Q8^T (128 x 64 heads) with mma.sync m16n8k32 e4m3 (fp32 accumulate); the 64 x
+// 128 query bytes stay in registers as B fragments for the whole row range. Because a dot product
+// does not care in which order its k terms are summed, each thread loads the 32 contiguous key bytes
+// [t*32, t*32+32) of its two rows (two 16-byte loads) and feeds them to the four k-steps; the query
+// fragments use the same permutation of k. Each thread then holds 2 rows x 16 heads of S; ReLU, the
+// head weights and a sum over the quad (fixed shuffle order: replays reproduce eager results bit for
+// bit) give the score. The sm_90a kernel (wgmma) keeps the loads, the permutation and the epilogue.
 #include <graphsafe/ds4/indexer_kernels.hpp>
 #include <graphsafe/ds4/kernels.hpp>
 
 #include "cuda_support.cuh"
 
-#include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <cuda_fp8.h>
 
 namespace graphsafe::ds4::cuda {
+namespace attention {
+int device_cc_major();  // sparse_attention.cu
+}
 namespace {
 
 using namespace detail;
@@ -264,18 +267,274 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) indexer_score_kernel(Inde
   cp_async_wait<0>();  // no copy may land after the CTA's shared memory is gone
 }
 
+// ------------------------------------------------------------------------------ scores on wgmma
+// sm_90 has no fp8 mma.sync datapath (ptxas widens each operand to f16 with F2FP and issues HMMA:
+// 12 conversions per m16n8k32, the cost of the kernel above), so this one widens each key byte
+// once, in registers, and runs wgmma m64n64k16 (f16 in, fp32 accumulate) with the keys as the
+// register A operand (64 rows: one warpgroup tile) and the request's queries as B, widened to f16
+// once per request into shared memory. Each warp loads its 16 rows exactly as the kernel above
+// (thread (g, t) holds bytes [t*32, t*32+32) of rows g and g+8), so the k order is permuted the same
+// way: A register word i of a row takes its bytes 4i .. 4i+3 (k-step i: bytes 4i, 4i+1 at k = 2t,
+// 2t+1 and bytes 4i+2, 4i+3 at k = 2t+8, 2t+9), and the query tile stores byte d of head h at the
+// k that the key byte d meets (q_perm_k). The accumulator is the mma.sync layout per warp, and the
+// ReLU, head-weight and quad-sum epilogue is the one above, in the same order.
+// One warpgroup per CTA, several CTAs per multiprocessor: their copies, conversions, wgmma chains
+// and epilogues interleave. Tiles are kWgRows rows of one request (a request's last tile is
+// partial). kWgSub m64 tiles per step: 2 gives two independent wgmma chains and epilogues per step
+// and three CTAs per multiprocessor (the registers), and measured no faster on the H200 than 1.
+constexpr int kWgSub = 1;
+constexpr int kWgRows = 64 * kWgSub;  // rows of one tile
+constexpr int kWgStages = kWgSub == 1 ? 4 : 3;
+constexpr int kWgCtasPerSm = kWgSub == 1 ? 4 : 3;
+
+struct WgScoreSmem {
+  std::uint32_t q[kIndexerHeads * kIndexerDim / 2];   // f16 pairs, canonical K-major layout (SBO 2048)
+  uint4 keys[kWgStages][kWgSub][kScoreWarps][32][4];
+  float scales[kWgStages][kWgSub][kScoreWarps][16];
+  float weights[kIndexerHeads];
+  int tile_start[kMaxScoreBatch + 1];
+};
+constexpr std::uint32_t kWgQSbo = (kIndexerDim / 8) * 128;  // 2048: the next 8 heads
+
+// The k (0..127) of wgmma's B that query byte d meets: the A permutation above.
+__device__ __forceinline__ int q_perm_k(int d) {
+  const int t = d >> 5, i = (d >> 2) & 7, j = d & 3;
+  return 16 * i + 2 * t + (j & 1) + ((j & 2) ? 8 : 0);
+}
+__device__ __forceinline__ std::uint32_t fp8x2_to_f16x2(std::uint32_t two_bytes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xFFFFu), __NV_E4M3);
+  return static_cast<std::uint32_t>(h.x) | (static_cast<std::uint32_t>(h.y) << 16);
+}
+
+// D[64x64] (+)= A[64x16] * B[16x64]: A f16 in registers, B f16 K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n64k16_f16_rs(float (&d)[32], std::uint32_t a0, std::uint32_t a1,
+                                                       std::uint32_t a2, std::uint32_t a3, std::uint64_t db,
+                                                       int accumulate) {
+#ifndef GRAPHSAFE_DS4_NO_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(accumulate));
+#else
+  (void)d; (void)a0; (void)a1; (void)a2; (void)a3; (void)db; (void)accumulate;
+  __trap();
+#endif
+}
+
+__global__ void __launch_bounds__(kScoreWarps * 32, kWgCtasPerSm) indexer_score_wgmma_kernel(IndexerScoreArgs a) {
+  extern __shared__ uint4 score_smem[];
+  WgScoreSmem& sm = *reinterpret_cast<WgScoreSmem*>(score_smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  auto rows_of = [&](int b) {
+    const long long n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
+    return static_cast<int>(n_c < a.N ? n_c : a.N);
+  };
+  if (warp == 0) {  // kWgRows-row tiles of every request, as the kernel above lists 16-row tiles
+    int base = 0;
+    for (int b0 = 0; b0 < a.batch; b0 += 32) {
+      const int b = b0 + lane;
+      const int tiles = b < a.batch ? (rows_of(b) + kWgRows - 1) / kWgRows : 0;
+      int incl = tiles;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      if (b < a.batch) sm.tile_start[b] = base + incl - tiles;
+      base += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) sm.tile_start[a.batch] = base;
+  }
+  __syncthreads();
+  const int total = sm.tile_start[a.batch];
+  const int per_cta = (total + gridDim.x - 1) / gridDim.x;
+  const int first = blockIdx.x * per_cta, last = min(first + per_cta, total);
+  if (first >= last) return;  // CTA-uniform
+
+  auto request_of = [&](int tile, int b) {
+    while (sm.tile_start[b + 1] <= tile) ++b;
+    return b;
+  };
+  // The issuing side, one tile ahead of its copies: plan(it) finds tile it's request and reads its
+  // block-table entries (and the request's row count once per request) into registers; issue(it)
+  // then starts the copies from them, so no copy waits on a table read in the loop.
+  struct Plan {
+    int blk[kWgSub][2];        // the physical block of each of the thread's rows
+    int off[kWgSub][2];        // the row within its block (-1: no row)
+  };
+  int ib = request_of(first, 0), ib_rows = rows_of(ib), ib_start = sm.tile_start[ib];
+  auto plan = [&](int it) {
+    Plan p;
+#pragma unroll
+    for (int u = 0; u < kWgSub; ++u) { p.blk[u][0] = p.blk[u][1] = 0; p.off[u][0] = p.off[u][1] = -1; }
+    const int tile = first + it;
+    if (tile < last) {
+      if (sm.tile_start[ib + 1] <= tile) {
+        ib = request_of(tile, ib);
+        ib_rows = rows_of(ib);
+        ib_start = sm.tile_start[ib];
+      }
+      const std::int32_t* table = a.block_table + static_cast<long long>(ib) * a.blocks_per_req;
+#pragma unroll
+      for (int u = 0; u < kWgSub; ++u)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int s = (tile - ib_start) * kWgRows + u * 64 + warp * 16 + g + half * 8;
+          if (s < ib_rows) {
+            p.blk[u][half] = __ldg(table + s / a.cache.block_rows);
+            p.off[u][half] = s % a.cache.block_rows;
+          }
+        }
+    }
+    return p;
+  };
+  auto issue = [&](int it, const Plan& p) {
+    if (first + it < last) {
+      const int st = it % kWgStages;
+#pragma unroll
+      for (int u = 0; u < kWgSub; ++u)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const bool valid = p.off[u][half] >= 0;
+          const long long off = valid ? p.off[u][half] : 0;
+          const std::uint8_t* base = a.cache.base + static_cast<long long>(p.blk[u][half]) * static_cast<long long>(a.cache.stride);
+          const std::uint8_t* row = base + off * kIndexerRowBytes + t * 32;
+          cp_async16(&sm.keys[st][u][warp][lane][2 * half], row, valid);
+          cp_async16(&sm.keys[st][u][warp][lane][2 * half + 1], row + 16, valid);
+          if (t == 0) {
+            const std::uint8_t* sc = base + static_cast<long long>(a.cache.block_rows) * kIndexerRowBytes +
+                                     off * kIndexerScaleBytes;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(&sm.scales[st][u][warp][half * 8 + g])),
+                         "l"(sc), "r"(valid ? 4 : 0));
+          }
+        }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int it = 0; it < kWgStages - 1; ++it) issue(it, plan(it));
+  Plan next = plan(kWgStages - 1);
+
+  const std::uint64_t q_desc = wgmma_desc(sm.q, 128, kWgQSbo);
+  int qb = -1, cb_rows = 0;
+  int cb = request_of(first, 0);
+  for (int it = 0; first + it < last; ++it) {
+    const int tile = first + it;
+    cb = request_of(tile, cb);
+    if (cb != qb) {  // CTA-uniform: the request's queries, widened to f16, and its head weights
+      __syncthreads();  // every warp's wgmma of the previous request has completed (waited below)
+      const uint4* qp = reinterpret_cast<const uint4*>(a.q + static_cast<long long>(cb) * kIndexerHeads * kIndexerDim);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int chunk = c * 128 + tid;  // 16-byte chunk: head chunk / 8, bytes (chunk % 8) * 16 ..
+        const uint4 v = __ldg(qp + chunk);
+        const int h = chunk >> 3, d0 = (chunk & 7) * 16;
+        const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int wi = 0; wi < 4; ++wi)
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            const int d = d0 + 4 * wi + 2 * p;
+            const int k = q_perm_k(d);  // even: the pair (d, d + 1) lands on (k, k + 1)
+            const int byte = (h >> 3) * static_cast<int>(kWgQSbo) + (k >> 3) * 128 + (h & 7) * 16 + (k & 7) * 2;
+            sm.q[byte >> 2] = fp8x2_to_f16x2(words[wi] >> (16 * p));
+          }
+      }
+      if (tid < kIndexerHeads) sm.weights[tid] = __ldg(a.weights + cb * kIndexerHeads + tid);
+      cb_rows = rows_of(cb);
+      fence_proxy_async();  // the generic-proxy stores above -> wgmma's reads
+      __syncthreads();
+      qb = cb;
+    }
+    issue(it + kWgStages - 1, next);
+    next = plan(it + kWgStages);  // its table reads complete while this tile computes
+    cp_async_wait<kWgStages - 1>();
+    const int st = it % kWgStages;
+    std::uint32_t af[kWgSub][8][4];
+#pragma unroll
+    for (int u = 0; u < kWgSub; ++u) {
+      const uint4 k0lo = sm.keys[st][u][warp][lane][0], k0hi = sm.keys[st][u][warp][lane][1];
+      const uint4 k1lo = sm.keys[st][u][warp][lane][2], k1hi = sm.keys[st][u][warp][lane][3];
+      const std::uint32_t r0[8] = {k0lo.x, k0lo.y, k0lo.z, k0lo.w, k0hi.x, k0hi.y, k0hi.z, k0hi.w};
+      const std::uint32_t r1[8] = {k1lo.x, k1lo.y, k1lo.z, k1lo.w, k1hi.x, k1hi.y, k1hi.z, k1hi.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        af[u][i][0] = fp8x2_to_f16x2(r0[i]);
+        af[u][i][1] = fp8x2_to_f16x2(r1[i]);
+        af[u][i][2] = fp8x2_to_f16x2(r0[i] >> 16);
+        af[u][i][3] = fp8x2_to_f16x2(r1[i] >> 16);
+      }
+    }
+    float acc[kWgSub][32];
+#pragma unroll
+    for (int u = 0; u < kWgSub; ++u)
+#pragma unroll
+      for (int e = 0; e < 32; ++e) acc[u][e] = 0.f;
+    wgmma_fence();
+#pragma unroll
+    for (int i = 0; i < 8; ++i)  // the sub-tiles' chains interleaved: consecutive wgmmas independent
+#pragma unroll
+      for (int u = 0; u < kWgSub; ++u)
+        wgmma_m64n64k16_f16_rs(acc[u], af[u][i][0], af[u][i][1], af[u][i][2], af[u][i][3], q_desc + 16 * i, i > 0 ? 1 : 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int u = 0; u < kWgSub; ++u)
+#pragma unroll
+      for (int e = 0; e < 32; ++e) asm volatile("" : "+f"(acc[u][e])::"memory");  // no read before the wait
+    float part[kWgSub][2];
+#pragma unroll
+    for (int u = 0; u < kWgSub; ++u) {
+      part[u][0] = part[u][1] = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        const float w0 = sm.weights[nt * 8 + 2 * t], w1 = sm.weights[nt * 8 + 2 * t + 1];
+        part[u][0] = __fadd_rn(part[u][0], __fadd_rn(__fmul_rn(w0, fmaxf(acc[u][4 * nt], 0.f)), __fmul_rn(w1, fmaxf(acc[u][4 * nt + 1], 0.f))));
+        part[u][1] = __fadd_rn(part[u][1], __fadd_rn(__fmul_rn(w0, fmaxf(acc[u][4 * nt + 2], 0.f)), __fmul_rn(w1, fmaxf(acc[u][4 * nt + 3], 0.f))));
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        part[u][half] = __fadd_rn(part[u][half], __shfl_xor_sync(0xffffffffu, part[u][half], 1));
+        part[u][half] = __fadd_rn(part[u][half], __shfl_xor_sync(0xffffffffu, part[u][half], 2));
+      }
+    }
+    if (t == 0) {
+      const int n_rows = cb_rows;
+#pragma unroll
+      for (int u = 0; u < kWgSub; ++u) {
+        const int row0 = (tile - sm.tile_start[cb]) * kWgRows + u * 64 + warp * 16;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int s = row0 + g + half * 8;
+          if (s < n_rows)
+            a.logits[static_cast<long long>(cb) * a.N + s] =
+                __fadd_rn(__fmul_rn(part[u][half], sm.scales[st][u][warp][half * 8 + g]), 0.0f);  // -0.0 -> +0.0
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+}
+
 // --------------------------------------------------------------------------------------- top-k
-// One CTA per request. The request's scores are read once into shared memory as order keys (when the
-// row stride N fits kTopkSmemRows; otherwise every pass reads them from global memory / L2). A radix
-// select finds the K-th largest key (four 8-bit passes, most significant digit first, histograms in
-// shared memory with warp-aggregated atomics: scores share their top bits, so plain atomics would
-// serialise on a few bins). The rows above it and the rows equal to it are collected in one
-// unordered pass; CUB's BlockRadixSort then orders them by (score descending, row ascending), so the
-// first K are the selection rule of indexer.hpp, a pure function of the scores. Only when the rows
-// equal to the K-th key overflow the sort's capacity (massive ties) are the lowest-id ties taken by
-// an ordered block scan instead.
-constexpr int kTopkThreads = 512;
+// One CTA of 1024 threads per request. The request's scores are read once into shared memory as
+// order keys (when the row stride N fits kTopkSmemRows; otherwise every pass reads them from global
+// memory / L2). A radix select finds the K-th largest key: a histogram of the top 12 bits over every
+// row (4096 bins in shared memory), a block scan from the top bin finds the bin holding the K-th
+// key; one more pass sends the rows of higher bins straight to the picked list and compacts the
+// rows of that bin (a few hundred at decode shapes) into a candidate list, and two 10-bit passes
+// over the candidates alone find the exact K-th key. Only when the threshold bin overflows the
+// candidate list (massive ties) do those two passes read every row again. The rows above the K-th
+// key and the rows equal to it are then ordered by (score descending, row ascending) with a bitonic
+// network in shared memory, so the first K are the selection rule of indexer.hpp, a pure function
+// of the scores. When the rows equal to the K-th key overflow the network's capacity, the
+// lowest-id ties are taken by an ordered block scan instead.
+constexpr int kTopkThreads = 1024;
 constexpr int kTopkSmemRows = 32768;  // 128 KiB of staged keys
+constexpr int kTopkBins = 4096;       // first digit: key bits 31..20
+constexpr int kTopkCandCap = 4096;    // rows of the threshold bin kept for the 10-bit passes
 
 // Float bits mapped so that unsigned order is float order (the scores carry no NaN; -0 is +0).
 __device__ __forceinline__ std::uint32_t order_key(float f) {
@@ -283,31 +542,61 @@ __device__ __forceinline__ std::uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-template <int kItems>
+template <int kSortCap>
 struct TopkSmem {
-  using Sort = cub::BlockRadixSort<unsigned long long, kTopkThreads, kItems>;
   using Scan = cub::BlockScan<int, kTopkThreads>;
-  union {
-    typename Sort::TempStorage sort;
-    unsigned long long picked[kTopkThreads * kItems];  // (~key << 32) | row, ascending = the rule's order
-  } u;
   typename Scan::TempStorage scan;
-  int hist[256];
-  // Pass p reads slot p and writes slot p + 1: no slot is read and written in the same pass.
-  std::uint32_t prefix[5];
-  int remaining[5];
-  int count;
-  int eq_count;
+  int hist[kTopkBins];
+  std::uint32_t cand_key[kTopkCandCap];
+  std::int32_t cand_row[kTopkCandCap];
+  unsigned long long picked[kSortCap];  // (~key << 32) | row: ascending = the rule's order
+  unsigned long long counts;  // first compaction: rows of higher bins | threshold-bin rows << 32
+  int count;      // picked so far
+  int cand;       // rows of the threshold bin (may exceed kTopkCandCap)
+  int bin;        // the threshold digit of the last find
+  int remaining;  // rows still to take from that digit
   int eq_base;
 };
 
-template <int kItems, bool kStaged>
+// The digit (of `bins`, from the top) holding the `need`-th largest key, from a histogram in
+// sm.hist: sm.bin = the digit, sm.remaining = how many keys of that digit the selection takes.
+template <class S>
+__device__ __forceinline__ void find_threshold(S& sm, int bins, int need) {
+  const int per = bins / kTopkThreads;  // 4 or 1 bins per thread, thread 0 the highest
+  int c[4] = {0, 0, 0, 0}, sum = 0;
+  for (int j = 0; j < per; ++j) { c[j] = sm.hist[bins - 1 - threadIdx.x * per - j]; sum += c[j]; }
+  int above = 0;
+  typename S::Scan(sm.scan).ExclusiveSum(sum, above);
+  if (above < need && above + sum >= need) {
+    for (int j = 0; j < per; ++j) {
+      if (above + c[j] >= need) {
+        sm.bin = bins - 1 - threadIdx.x * per - j;
+        sm.remaining = need - above;
+        break;
+      }
+      above += c[j];
+    }
+  }
+  __syncthreads();
+}
+
+// Appends the lanes' entries where `take` holds at sm.count (one shared atomic per warp).
+__device__ __forceinline__ int warp_append(int* counter, bool take) {
+  const unsigned m = __ballot_sync(0xffffffffu, take);
+  const int lane = threadIdx.x & 31;
+  int base = 0;
+  if (lane == 0 && m) base = atomicAdd(counter, __popc(m));
+  base = __shfl_sync(0xffffffffu, base, 0);
+  return base + __popc(m & ((1u << lane) - 1u));
+}
+
+template <int kSortCap, bool kStaged>
 __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
-  using S = TopkSmem<kItems>;
-  constexpr int kCap = kTopkThreads * kItems;
-  __shared__ S sm;
-  extern __shared__ std::uint32_t staged[];  // [min(N, kTopkSmemRows)] order keys (kStaged)
-  const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+  using S = TopkSmem<kSortCap>;
+  extern __shared__ uint4 topk_smem[];
+  S& sm = *reinterpret_cast<S*>(topk_smem);
+  std::uint32_t* staged = reinterpret_cast<std::uint32_t*>(topk_smem) + (sizeof(S) + 15) / 16 * 4;  // [min(N, kTopkSmemRows)]
+  const int b = blockIdx.x, tid = threadIdx.x;
   const long long n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
   std::int32_t* out = a.topk_local + static_cast<long long>(b) * a.k;
   if (n_c <= a.k) {  // short context: every row in order
@@ -316,109 +605,182 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
   }
   const int n = static_cast<int>(n_c < a.N ? n_c : a.N);  // rows past the stride were never scored
   const int kk = n < a.k ? n : a.k;
-  const float* scores = a.logits + static_cast<long long>(b) * a.N;
-  if constexpr (kStaged) {
-#pragma unroll 8
-    for (int i = tid; i < n; i += kTopkThreads) staged[i] = order_key(__ldg(scores + i));
+  if (kk == 0) {  // N = 0: nothing was scored
+    for (int i = tid; i < a.k; i += kTopkThreads) out[i] = -1;
+    return;
   }
+  const float* scores = a.logits + static_cast<long long>(b) * a.N;
   auto key_at = [&](int i) -> std::uint32_t {
     if constexpr (kStaged) return staged[i];
     else return order_key(__ldg(scores + i));
   };
-
-  if (tid == 0) { sm.prefix[0] = 0; sm.remaining[0] = kk; }
-  std::uint32_t mask = 0;
-  for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
-    for (int i = tid; i < 256; i += kTopkThreads) sm.hist[i] = 0;
-    __syncthreads();  // also orders the staging stores before the first pass
-    const std::uint32_t prefix = sm.prefix[pass];
-    for (int i0 = 0; i0 < n; i0 += kTopkThreads) {  // warp-uniform trip count: every lane reaches the match
-      const int i = i0 + tid;
-      const std::uint32_t u = i < n ? key_at(i) : 0u;
-      const bool in = i < n && (u & mask) == prefix;
-      const unsigned digit = in ? (u >> shift) & 255u : 256u;
-      const unsigned same = __match_any_sync(0xffffffffu, digit);
-      if (in && lane == __ffs(same) - 1) atomicAdd(&sm.hist[digit], __popc(same));
-    }
-    __syncthreads();
-    if (tid < 32) {  // the digit holding the remaining-th largest key, from the top
-      int c[8], sum = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) { c[j] = sm.hist[255 - 8 * tid - j]; sum += c[j]; }
-      int incl = sum;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (tid >= o) incl += v;
-      }
-      const int remaining = sm.remaining[pass];
-      const unsigned hit = __ballot_sync(0xffffffffu, incl >= remaining);
-      if (tid == __ffs(hit) - 1) {
-        int above = incl - sum;  // keys in higher digits
-        int digit = 255 - 8 * tid;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if (above + c[j] >= remaining) { digit = 255 - 8 * tid - j; break; }
-          above += c[j];
-        }
-        sm.prefix[pass + 1] = prefix | (static_cast<std::uint32_t>(digit) << shift);
-        sm.remaining[pass + 1] = remaining - above;
-      }
-    }
-    mask |= 255u << shift;
-    __syncthreads();
-  }
-  const std::uint32_t kth = sm.prefix[4];   // the kk-th largest key
-  const int ties = sm.remaining[4];         // how many rows equal to it are taken (the lowest ids)
-  const int above = kk - ties;           // rows with a larger key, exactly
-  if (tid == 0) { sm.count = 0; sm.eq_count = 0; sm.eq_base = 0; }
+  for (int i = tid; i < kTopkBins; i += kTopkThreads) sm.hist[i] = 0;
+  if (tid == 0) { sm.counts = 0; sm.eq_base = 0; }
   __syncthreads();
+  // The first histogram while the keys are staged (one read of the scores): each thread's loads
+  // of a batch are all in flight before its first atomic.
+  constexpr int kLoadBatch = 8;
+  for (int i0 = 0; i0 < n; i0 += kLoadBatch * kTopkThreads) {
+    std::uint32_t u[kLoadBatch];
+#pragma unroll
+    for (int c = 0; c < kLoadBatch; ++c) {
+      const int i = i0 + c * kTopkThreads + tid;
+      u[c] = i < n ? order_key(__ldg(scores + i)) : 0u;
+    }
+#pragma unroll
+    for (int c = 0; c < kLoadBatch; ++c) {
+      const int i = i0 + c * kTopkThreads + tid;
+      if (i < n) {
+        if constexpr (kStaged) staged[i] = u[c];
+        atomicAdd(&sm.hist[u[c] >> 20], 1);
+      }
+    }
+  }
+  __syncthreads();
+  find_threshold(sm, kTopkBins, kk);
+  const std::uint32_t d1 = static_cast<std::uint32_t>(sm.bin);
+  const int rem1 = sm.remaining;
   auto pack = [](std::uint32_t u, int i) {
     return (static_cast<unsigned long long>(~u) << 32) | static_cast<unsigned>(i);
   };
-  // Unordered pass: larger keys to [0, above), equal keys after them while they fit.
-  for (int i = tid; i < n; i += kTopkThreads) {
-    const std::uint32_t u = key_at(i);
-    if (u > kth) {
-      sm.u.picked[atomicAdd(&sm.count, 1)] = pack(u, i);
-    } else if (u == kth) {
-      const int at = above + atomicAdd(&sm.eq_count, 1);
-      if (at < kCap) sm.u.picked[at] = pack(u, i);
+  // Higher bins: picked (exactly kk - rem1 rows < K <= kSortCap). The threshold bin: candidates.
+  // Each warp takes 4 x 32 rows per step and reserves room for both lists with one 64-bit shared
+  // atomic (candidates in the high word): the atomic's round trip is the loop's latency.
+  constexpr int kChunks = 4;
+  const int lane = tid & 31;
+  const unsigned lower = (1u << lane) - 1u;
+  for (int i0 = 0; i0 < n; i0 += kChunks * kTopkThreads) {  // warp-uniform trip count for the ballots
+    std::uint32_t u[kChunks];
+    unsigned mg[kChunks], me[kChunks];
+    int ng = 0, ne = 0;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int i = i0 + c * kTopkThreads + tid;
+      u[c] = i < n ? key_at(i) : 0u;
+      const std::uint32_t d = u[c] >> 20;
+      mg[c] = __ballot_sync(0xffffffffu, i < n && d > d1);
+      me[c] = __ballot_sync(0xffffffffu, i < n && d == d1);
+      ng += __popc(mg[c]);
+      ne += __popc(me[c]);
+    }
+    unsigned long long base = 0;
+    if (lane == 0 && (ng | ne))
+      base = atomicAdd(&sm.counts, (static_cast<unsigned long long>(ne) << 32) | static_cast<unsigned>(ng));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    int pg = static_cast<int>(base & 0xFFFFFFFFull), pe = static_cast<int>(base >> 32);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int i = i0 + c * kTopkThreads + tid;
+      if ((mg[c] >> lane) & 1u) sm.picked[pg + __popc(mg[c] & lower)] = pack(u[c], i);
+      const int at = pe + __popc(me[c] & lower);
+      if (((me[c] >> lane) & 1u) && at < kTopkCandCap) { sm.cand_key[at] = u[c]; sm.cand_row[at] = i; }
+      pg += __popc(mg[c]);
+      pe += __popc(me[c]);
     }
   }
   __syncthreads();
-  int total = above + sm.eq_count;
-  if (total > kCap) {
-    // Too many ties for the sort: take the `ties` lowest-id equal rows in row order (block scan).
-    total = kk;
+  if (tid == 0) { sm.count = static_cast<int>(sm.counts & 0xFFFFFFFFull); sm.cand = static_cast<int>(sm.counts >> 32); }
+  __syncthreads();
+  // Two 10-bit passes over the threshold bin's rows: the candidate list, or every row when it
+  // overflowed (then filtered by the first digit).
+  const bool listed = sm.cand <= kTopkCandCap;
+  const int m = listed ? sm.cand : n;
+  auto cand_at = [&](int j, std::uint32_t& u) -> bool {
+    if (listed) { u = sm.cand_key[j]; return true; }
+    u = key_at(j);
+    return (u >> 20) == d1;
+  };
+  std::uint32_t prefix = d1 << 20;
+  int need = rem1;
+  for (int shift = 10; shift >= 0; shift -= 10) {
+    for (int i = tid; i < 1024; i += kTopkThreads) sm.hist[i] = 0;
+    __syncthreads();
+    const std::uint32_t pmask = ~((1u << (shift + 10)) - 1u);
+    for (int j = tid; j < m; j += kTopkThreads) {
+      std::uint32_t u;
+      if (cand_at(j, u) && (u & pmask) == prefix) atomicAdd(&sm.hist[(u >> shift) & 1023u], 1);
+    }
+    __syncthreads();
+    find_threshold(sm, 1024, need);
+    prefix |= static_cast<std::uint32_t>(sm.bin) << shift;
+    need = sm.remaining;
+    __syncthreads();  // sm.bin / sm.remaining / the histogram are rewritten next
+  }
+  const std::uint32_t kth = prefix;  // the kk-th largest key
+  const int ties = need;             // rows equal to it that are taken (the lowest ids)
+  const int above = kk - ties;       // rows with a larger key, exactly
+  const int equal = sm.hist[kth & 1023u];  // rows equal to the kk-th key
+  const bool sort_ties = above + equal <= kSortCap;
+  // The threshold bin's rows above the K-th key (and the ties, when they fit) join the picked list.
+  for (int j0 = 0; j0 < m; j0 += kTopkThreads) {
+    const int j = j0 + tid;
+    std::uint32_t u = 0;
+    const bool in = j < m && cand_at(j, u);
+    const bool take = in && (u > kth || (sort_ties && u == kth));
+    const int p = warp_append(&sm.count, take);
+    if (take) sm.picked[p] = pack(u, listed ? sm.cand_row[j] : j);
+  }
+  __syncthreads();
+  const int total = sort_ties ? above + equal : above;
+  int width = 2;
+  while (width < total) width <<= 1;
+  for (int i = total + tid; i < width; i += kTopkThreads) sm.picked[i] = ~0ull;
+  __syncthreads();
+  // Bitonic network, ascending, over [0, width): keys are distinct (the row is part of them).
+  if (width <= kTopkThreads) {
+    // One key per thread: partners within a warp by shuffle, farther ones through shared memory.
+    // Threads at or past `width` hold ~0 and pair only with each other (width is a power of two).
+    unsigned long long v = tid < width ? sm.picked[tid] : ~0ull;
+    for (int k = 2; k <= width; k <<= 1)
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        unsigned long long other;
+        if (j >= 32) {
+          __syncthreads();  // the previous exchange's reads are done
+          sm.picked[tid] = v;
+          __syncthreads();
+          other = sm.picked[tid ^ j];
+        } else {
+          other = __shfl_xor_sync(0xffffffffu, v, j);
+        }
+        const bool keep_min = ((tid & j) == 0) == ((tid & k) == 0);
+        v = keep_min ? (other < v ? other : v) : (other > v ? other : v);
+      }
+    __syncthreads();
+    if (tid < width) sm.picked[tid] = v;
+    __syncthreads();
+  } else {
+    for (int k = 2; k <= width; k <<= 1)
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        for (int i = tid; i < width; i += kTopkThreads) {
+          const int p = i ^ j;
+          if (p > i) {
+            const unsigned long long x = sm.picked[i], y = sm.picked[p];
+            if ((x > y) == ((i & k) == 0)) { sm.picked[i] = y; sm.picked[p] = x; }
+          }
+        }
+        __syncthreads();
+      }
+  }
+  const int sorted = sort_ties ? kk : above;
+  for (int i = tid; i < a.k; i += kTopkThreads) {
+    if (i < sorted) out[i] = static_cast<std::int32_t>(sm.picked[i] & 0xFFFFFFFFull);
+    else if (i >= kk) out[i] = -1;
+  }
+  if (!sort_ties) {
+    // Too many ties for the network: the `ties` lowest-id rows equal to the K-th key, in row order.
     for (int c0 = 0; c0 < n; c0 += kTopkThreads) {
       const int i = c0 + tid;
       const bool eq = i < n && key_at(i) == kth;
       int eq_rank, eq_total;
       typename S::Scan(sm.scan).ExclusiveSum(eq ? 1 : 0, eq_rank, eq_total);
       const int base = sm.eq_base;
-      if (eq && base + eq_rank < ties) sm.u.picked[above + base + eq_rank] = pack(kth, i);
+      if (eq && base + eq_rank < ties) out[above + base + eq_rank] = i;
       __syncthreads();
       if (tid == 0) sm.eq_base = base + eq_total;
       if (base + eq_total >= ties) break;  // block-uniform: base and eq_total are
       __syncthreads();
     }
-    __syncthreads();
   }
-  unsigned long long keys[kItems];
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    const int at = tid * kItems + j;
-    keys[j] = at < total ? sm.u.picked[at] : ~0ull;
-  }
-  __syncthreads();  // the sort reuses the picked array's storage
-  typename S::Sort(sm.u.sort).Sort(keys);
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    const int at = tid * kItems + j;  // blocked arrangement: thread t holds ranks t*kItems ..
-    if (at < a.k) out[at] = at < kk ? static_cast<std::int32_t>(keys[j] & 0xFFFFFFFFull) : -1;
-  }
-  for (int at = kCap + tid; at < a.k; at += kTopkThreads) out[at] = -1;
 }
 
 // Raises a kernel's dynamic shared memory limit once per device (kernel attributes are per device).
@@ -428,18 +790,31 @@ void allow_dynamic_smem(Kernel k, int bytes, bool (&done)[64], const char* what)
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   if (done[dev & 63]) return;
   check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+  // The whole unified L1 as shared memory: otherwise the driver may pick a carveout that fits fewer
+  // CTAs per multiprocessor than the grid below is sized for (a second wave doubles the time).
+  check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), what);
   done[dev & 63] = true;
 }
+// CTAs of `k` that fit on one multiprocessor (at least 1): a persistent grid is that times the SMs.
+template <class Kernel>
+int resident_ctas(Kernel k, int threads, int smem) {
+  int n = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, smem), "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return n > 0 ? n : 1;
+}
 
-template <int kItems>
+template <int kSortCap>
 void launch_topk(const IndexerTopkArgs& a, cudaStream_t stream) {
+  constexpr int base = static_cast<int>((sizeof(TopkSmem<kSortCap>) + 15) / 16 * 16);
+  static_assert(base + kTopkSmemRows * 4 <= 227 * 1024, "top-k shared memory over the sm_90 limit");
   if (a.N <= kTopkSmemRows) {
     static bool done[64] = {};
-    allow_dynamic_smem(topk_kernel<kItems, true>, kTopkSmemRows * 4, done, "cudaFuncSetAttribute(indexer top-k)");
-    const int bytes = static_cast<int>(a.N) * 4;
-    topk_kernel<kItems, true><<<a.batch, kTopkThreads, bytes, stream>>>(a);
+    allow_dynamic_smem(topk_kernel<kSortCap, true>, base + kTopkSmemRows * 4, done, "cudaFuncSetAttribute(indexer top-k)");
+    topk_kernel<kSortCap, true><<<a.batch, kTopkThreads, base + static_cast<int>(a.N) * 4, stream>>>(a);
   } else {
-    topk_kernel<kItems, false><<<a.batch, kTopkThreads, 0, stream>>>(a);
+    static bool done[64] = {};
+    allow_dynamic_smem(topk_kernel<kSortCap, false>, base, done, "cudaFuncSetAttribute(indexer top-k)");
+    topk_kernel<kSortCap, false><<<a.batch, kTopkThreads, base, stream>>>(a);
   }
 }
 
@@ -502,12 +877,35 @@ void indexer_score(const IndexerScoreArgs& a, cudaStream_t stream) {
             ">= N (the block table must cover every row the logits can hold)");
   if (a.batch > kMaxScoreBatch) bad_arg(fn, "batch (B)", a.batch, "1 .. " + std::to_string(kMaxScoreBatch));
   if (a.N == 0) return;
-  // Two CTAs per multiprocessor (what the registers allow): every warp's run is long enough to keep
-  // its copy pipeline full.
-  static bool done[64] = {};
-  allow_dynamic_smem(indexer_score_kernel, static_cast<int>(sizeof(ScoreSmem)), done,
-                     "cudaFuncSetAttribute(indexer scores)");
-  indexer_score_kernel<<<2 * device_sm_count(), kScoreWarps * 32, sizeof(ScoreSmem), stream>>>(a);
+  const int major = attention::device_cc_major();
+  bool wgmma = major == 9;
+  switch (a.engine) {
+    case IndexerEngine::automatic: break;
+    case IndexerEngine::mma_sync: wgmma = false; break;
+    case IndexerEngine::wgmma:
+      if (major != 9)
+        bad_arg(fn, "engine = wgmma on compute capability major", major, "9 (sm_90a code); use automatic or mma_sync");
+      wgmma = true;
+      break;
+  }
+  if (wgmma) {
+    static bool done[64] = {};
+    allow_dynamic_smem(indexer_score_wgmma_kernel, static_cast<int>(sizeof(WgScoreSmem)), done,
+                       "cudaFuncSetAttribute(indexer scores, wgmma)");
+    static int ctas[64] = {};  // per device, like the attribute
+    int dev = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    if (ctas[dev & 63] == 0)
+      ctas[dev & 63] = resident_ctas(indexer_score_wgmma_kernel, kScoreWarps * 32, static_cast<int>(sizeof(WgScoreSmem)));
+    indexer_score_wgmma_kernel<<<ctas[dev & 63] * device_sm_count(), kScoreWarps * 32, sizeof(WgScoreSmem), stream>>>(a);
+  } else {
+    // Two CTAs per multiprocessor (what the registers allow): every warp's run is long enough to
+    // keep its copy pipeline full.
+    static bool done[64] = {};
+    allow_dynamic_smem(indexer_score_kernel, static_cast<int>(sizeof(ScoreSmem)), done,
+                       "cudaFuncSetAttribute(indexer scores)");
+    indexer_score_kernel<<<2 * device_sm_count(), kScoreWarps * 32, sizeof(ScoreSmem), stream>>>(a);
+  }
   check_launch(fn);
 }
 
@@ -536,12 +934,13 @@ void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream) {
   require_ptr(fn, "seq_lens", a.seq_lens);
   require_ptr(fn, "topk_local", a.topk_local);
   if (a.N > 0) require_ptr(fn, "logits", a.logits);
-  if (a.k <= kTopkThreads)
-    launch_topk<1>(a, stream);
-  else if (a.k <= 2 * kTopkThreads)
-    launch_topk<2>(a, stream);
+  // The network holds the rows above the K-th key and, usually, its ties: room for 2K.
+  if (a.k <= 512)
+    launch_topk<1024>(a, stream);
+  else if (a.k <= 1024)
+    launch_topk<2048>(a, stream);
   else
-    launch_topk<4>(a, stream);
+    launch_topk<4096>(a, stream);
   check_launch(fn);
 }
 

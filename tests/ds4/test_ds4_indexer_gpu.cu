@@ -16,7 +16,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -41,6 +43,14 @@ cuda::DeviceBytes to_device(const std::vector<T>& h) {
   cuda::DeviceBytes d = cuda::device_alloc(std::max<std::size_t>(16, h.size() * sizeof(T)));
   GRAPHSAFE_CUDA(cudaMemcpy(d.get(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
+}
+
+// The scores' engine: the run's environment picks it (the library reads none), so one binary checks
+// both: GRAPHSAFE_DS4_INDEXER=mma_sync (ctest's test_ds4_indexer_gpu_mma_sync) runs the portable
+// kernel on this GPU.
+cuda::IndexerEngine score_engine() {
+  const char* e = std::getenv("GRAPHSAFE_DS4_INDEXER");
+  return e != nullptr && std::string(e) == "mma_sync" ? cuda::IndexerEngine::mma_sync : cuda::IndexerEngine::automatic;
 }
 
 // K = 8 keeps the short-context path (n_c <= 8, lengths < 36) and the scored path in one tiny problem.
@@ -124,6 +134,7 @@ TEST_CASE("indexer scores equal the reference and top-k selects as the reference
   sa.batch = B; sa.N = N; sa.seq_lens = d.seq_lens; sa.q = di.q; sa.weights = di.weights; sa.cache = di.cache;
   sa.block_table = d.cmp_block_table; sa.blocks_per_req = d.cmp_blocks_per_req;
   sa.logits = reinterpret_cast<float*>(logits.get());
+  sa.engine = score_engine();
   cuda::indexer_score(sa, dev.s);
   cuda::IndexerTopkArgs ta;
   ta.batch = B; ta.N = N; ta.k = K; ta.seq_lens = d.seq_lens; ta.logits = sa.logits;
@@ -192,6 +203,7 @@ TEST_CASE("indexer scores at engine row counts equal the reference", "[ds4][inde
   sa.cache = c; sa.cache.base = dbytes.get();
   sa.block_table = reinterpret_cast<const std::int32_t*>(dtable.get()); sa.blocks_per_req = bpr;
   sa.logits = reinterpret_cast<float*>(logits.get());
+  sa.engine = score_engine();
   cuda::indexer_score(sa, dev.s);
   const auto gl = to_host<float>(logits.get(), static_cast<std::size_t>(B) * N, dev.s);
   IndexerCache hc = c;

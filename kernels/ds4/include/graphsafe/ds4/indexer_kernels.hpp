@@ -23,6 +23,13 @@ void indexer_compress_insert(const float* kv_state, const float* score_state, co
                              const float* norm_weight, float rope_theta, float eps, IndexerCache cache,
                              cudaStream_t stream);
 
+// Which tensor-core path computes the scores. wgmma (sm_90a): the fp8 key bytes widened to f16 once
+// in registers, wgmma m64n64k16 against the queries widened to f16 in shared memory (fp8 wgmma is not
+// used: its accumulator keeps fewer bits than the fp32 that the reference's tolerance assumes).
+// mma_sync (sm_89+): mma.sync m16n8k32 e4m3, which sm_90 runs as HMMA after widening both operands
+// in the instruction stream. automatic: wgmma on compute capability 9.x, else mma_sync.
+enum class IndexerEngine { automatic, mma_sync, wgmma };
+
 struct IndexerScoreArgs {
   int batch = 0;
   std::int64_t N = 0;                          // row stride of logits (rows past it are not scored)
@@ -33,8 +40,9 @@ struct IndexerScoreArgs {
   const std::int32_t* block_table = nullptr;   // [B, blocks_per_req] (the C4 compressed block table)
   int blocks_per_req = 0;
   float* logits = nullptr;                     // out [B, N]: rows s < min(n_c(b), N) written
+  IndexerEngine engine = IndexerEngine::automatic;
 };
-// Tensor cores (fp8 mma.sync, fp32 accumulate). No bound check against N (see the header comment).
+// Tensor cores, fp32 accumulate (IndexerEngine). No bound check against N (see the header comment).
 void indexer_score(const IndexerScoreArgs& a, cudaStream_t stream);
 
 // Copies make_indexer_inputs' arrays to the device (synchronous; not under capture).
@@ -56,9 +64,10 @@ struct IndexerTopkArgs {
   const float* logits = nullptr;               // [B, N] from indexer_score
   std::int32_t* topk_local = nullptr;          // out [B, K]
 };
-// One CTA per request: a radix select of the K-th best score, then CUB's BlockRadixSort orders the
-// picked rows (the selection rule of indexer.hpp). Needs no workspace beyond the logits. Rows
-// past min(n_c, N) are never read.
+// One CTA per request: a radix select of the K-th best score (a 12-bit histogram over every row,
+// then two 10-bit passes over the rows of the threshold bin only), then a sorting network orders the
+// picked rows (the selection rule of indexer.hpp). Needs no workspace beyond the logits. Rows past
+// min(n_c, N) are never read.
 void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream);
 
 }  // namespace cuda
