@@ -13,12 +13,19 @@ def blocks(tag):
     return re.findall(r"^```python" + tag + r"\n(.*?)^```", DOC.read_text(), re.S | re.M)
 
 
-def test_the_quickstart_runs():
-    code = blocks("")
-    assert len(code) >= 2, "docs/python.md lost its quickstart blocks"
+def run_blocks(tag, label):
+    """Runs the blocks tagged `tag` in order in one namespace, as a reader would; returns it."""
+    code = blocks(tag)
+    assert code, f"docs/python.md lost its {label} block"
     ns = {}
     for i, block in enumerate(code):
-        exec(compile(block, f"{DOC.name}[python block {i}]", "exec"), ns)
+        exec(compile(block, f"{DOC.name}[{label} block {i}]", "exec"), ns)
+    return ns
+
+
+def test_the_quickstart_runs():
+    assert len(blocks("")) >= 2, "docs/python.md lost its quickstart blocks"
+    ns = run_blocks("", "python")
     assert ns["out"].tolist() == [32, 40]  # the safe replay's result: the refused replay never ran
 
 
@@ -26,11 +33,7 @@ def test_the_torch_section_runs_on_a_gpu():
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    code = blocks(" cuda")
-    assert code, "docs/python.md lost its torch block"
-    ns = {}
-    for i, block in enumerate(code):
-        exec(compile(block, f"{DOC.name}[cuda block {i}]", "exec"), ns)
+    run_blocks(" cuda", "cuda")
 
 
 def test_the_ds4_section_runs_on_a_gpu():
@@ -40,8 +43,4 @@ def test_the_ds4_section_runs_on_a_gpu():
     ds4 = pytest.importorskip("graphsafe.ds4")
     if not ds4.available():
         pytest.skip("graphsafe was built without the DS4 kernels (GRAPHSAFE_BUILD_DS4=OFF)")
-    code = blocks(" ds4")
-    assert code, "docs/python.md lost its DS4 block"
-    ns = {}
-    for i, block in enumerate(code):
-        exec(compile(block, f"{DOC.name}[ds4 block {i}]", "exec"), ns)
+    run_blocks(" ds4", "ds4")
