@@ -40,27 +40,6 @@ namespace {
 
 constexpr int kOpsPerGraph = 10;  // collectives per graph: one launch's overhead spread over them
 
-// Counts registration calls and those made while `s` was capturing.
-class CountingCalls final : public gn::RegistrationCalls {
- public:
-  CountingCalls(std::unique_ptr<gn::RegistrationCalls> inner, cudaStream_t s) : inner_(std::move(inner)), s_(s) {}
-  std::string kind() const override { return inner_->kind(); }
-  void* register_range(void* p, std::uint64_t bytes) override {
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    GRAPHSAFE_CUDA(cudaStreamIsCapturing(s_, &st));
-    if (st != cudaStreamCaptureStatusNone) ++*during;
-    ++*calls;
-    return inner_->register_range(p, bytes);
-  }
-  bool deregister(void* h) noexcept override { return inner_->deregister(h); }
-  std::shared_ptr<std::uint64_t> calls = std::make_shared<std::uint64_t>(0);
-  std::shared_ptr<std::uint64_t> during = std::make_shared<std::uint64_t>(0);
-
- private:
-  std::unique_ptr<gn::RegistrationCalls> inner_;
-  cudaStream_t s_;
-};
-
 // Median of `reps` timings of `replays` graph launches, in us per launch.
 double time_graph(CapturedGraph& g, const Bindings& b, cudaStream_t s, int reps, int replays) {
   cudaEvent_t e0, e1;
@@ -136,8 +115,8 @@ int main(int argc, char** argv) {
     }
     {
       auto vm = std::make_shared<CudaVirtualMemory>(CudaVirtualMemoryOptions{.shareable = true});
-      auto counting = std::make_unique<CountingCalls>(gn::nccl_registration(comm, kind_used), s);
-      const auto calls = counting->calls, during = counting->during;
+      auto counting = std::make_unique<graphsafe::tp::CaptureCheckedCalls>(gn::nccl_registration(comm, kind_used), s);
+      const auto calls = counting->calls, during = counting->while_capturing;
       const std::string kind = counting->kind();
       auto reg = std::make_shared<gn::ChunkRegistrar>(std::move(counting), vm->granularity());
       vm->set_listener(reg);

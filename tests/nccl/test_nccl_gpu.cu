@@ -34,27 +34,6 @@ namespace gn = graphsafe::nccl;
 
 namespace {
 
-// Registration calls that ask the capture stream, at every call, whether it is capturing.
-class StreamCheckedCalls final : public gn::RegistrationCalls {
- public:
-  StreamCheckedCalls(std::unique_ptr<gn::RegistrationCalls> inner, cudaStream_t s) : inner_(std::move(inner)), s_(s) {}
-  std::string kind() const override { return inner_->kind(); }
-  void* register_range(void* p, std::uint64_t bytes) override {
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    GRAPHSAFE_CUDA(cudaStreamIsCapturing(s_, &st));
-    if (st != cudaStreamCaptureStatusNone) ++*while_capturing;
-    ++*calls;
-    return inner_->register_range(p, bytes);
-  }
-  bool deregister(void* h) noexcept override { return inner_->deregister(h); }
-  std::shared_ptr<std::uint64_t> calls = std::make_shared<std::uint64_t>(0);
-  std::shared_ptr<std::uint64_t> while_capturing = std::make_shared<std::uint64_t>(0);
-
- private:
-  std::unique_ptr<gn::RegistrationCalls> inner_;
-  cudaStream_t s_;
-};
-
 __global__ void fill(float* x, const std::int64_t* n_dev, std::int64_t row, std::uint32_t seed) {
   const std::int64_t n = *n_dev * row;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
@@ -91,7 +70,7 @@ TEST_CASE("nccl: all-gather and all-reduce in a graph on registered arena worksp
     const ncclComm_t comm = comms[0];
     const int world = comms.size();
     auto vm = std::make_shared<CudaVirtualMemory>(CudaVirtualMemoryOptions{.shareable = true});
-    auto checked = std::make_unique<StreamCheckedCalls>(gn::nccl_registration(comm, kind), dev.s);
+    auto checked = std::make_unique<graphsafe::tp::CaptureCheckedCalls>(gn::nccl_registration(comm, kind), dev.s);
     const auto calls = checked->calls;
     const auto while_capturing = checked->while_capturing;
     const std::string kind_name = checked->kind();

@@ -1,4 +1,5 @@
-// One rank's share of a tensor-parallel DS4 attention layer (the NCCL GPU test and nccl_bench):
+// Tensor-parallel support shared by the NCCL GPU test and nccl_bench. One rank's share of a
+// tensor-parallel DS4 attention layer:
 // rank r of `world` attends heads [r * H/world, (r+1) * H/world) of the full layer's H heads (its
 // query rows sliced out of the full q, its sinks), writes them to an arena workspace, all-gathers
 // every rank's heads inside the same stream (a captured graph when capturing) and puts them back
@@ -17,9 +18,33 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace graphsafe::tp {
+
+// Registration calls that count themselves and ask the capture stream, at every call, whether it
+// is capturing: `while_capturing` must stay 0 (registration is never captured).
+class CaptureCheckedCalls final : public nccl::RegistrationCalls {
+ public:
+  CaptureCheckedCalls(std::unique_ptr<nccl::RegistrationCalls> inner, cudaStream_t s)
+      : inner_(std::move(inner)), s_(s) {}
+  std::string kind() const override { return inner_->kind(); }
+  void* register_range(void* p, std::uint64_t bytes) override {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    GRAPHSAFE_CUDA(cudaStreamIsCapturing(s_, &st));
+    if (st != cudaStreamCaptureStatusNone) ++*while_capturing;
+    ++*calls;
+    return inner_->register_range(p, bytes);
+  }
+  bool deregister(void* h) noexcept override { return inner_->deregister(h); }
+  std::shared_ptr<std::uint64_t> calls = std::make_shared<std::uint64_t>(0);
+  std::shared_ptr<std::uint64_t> while_capturing = std::make_shared<std::uint64_t>(0);
+
+ private:
+  std::unique_ptr<nccl::RegistrationCalls> inner_;
+  cudaStream_t s_;
+};
 
 inline ds4::LayerConfig rank_layer(ds4::LayerConfig full, int world) {
   if (world < 1 || full.heads % world != 0)
