@@ -5,6 +5,19 @@ if(NOT NCCL_VERSION)
   message(FATAL_ERROR "nccl_refusals: NCCL_VERSION not set")
 endif()
 
+# The installed NCCL headers are the public interface only: no detail:: types.
+file(GLOB nccl_headers "${prefix}/include/graphsafe/nccl/*.hpp")
+list(LENGTH nccl_headers n)
+if(NOT n EQUAL 2)
+  message(FATAL_ERROR "nccl_refusals: expected registrar.hpp and nccl.hpp under ${prefix}/include/graphsafe/nccl, found ${n}")
+endif()
+foreach(h ${nccl_headers})
+  file(STRINGS "${h}" hits REGEX "detail::")
+  if(hits)
+    message(FATAL_ERROR "nccl_refusals: ${h} names detail:: types: ${hits}")
+  endif()
+endforeach()
+
 # Stand-in NCCL installs: a header with only the version code and an empty library file, which
 # find_nccl.cmake finds first through GRAPHSAFE_NCCL_ROOT and rejects or accepts by the version.
 function(fake_nccl name code)
