@@ -4,8 +4,8 @@
     python3 scripts/plot_benchmarks.py            # writes docs/img/*.png
 
 step_time_per_layer.png  DS4 attention per layer type (H200): paged-direct, gather path, PyTorch baseline
-demo_step_time.png       ds4_decode_demo: eager vs graph step time per policy (every demo JSON found)
-demo_workspace_bytes.png ds4_decode_demo: family region vs separate regions per policy
+demo_step_time.png       ds4_decode_demo: eager vs graph step time per path and policy
+demo_workspace_bytes.png ds4_decode_demo: family region, peak live and separate regions per path and policy
 """
 import glob
 import json
@@ -52,49 +52,43 @@ def step_time_per_layer():
 
 
 def demo_results():
+    """{(machine, path): {policy: {figure: value}}}; record names are
+    ds4_decode_demo.<shape>_<path>.<policy>.<figure>."""
     out = {}
     for path in sorted(glob.glob(os.path.join(RESULTS, "ds4_decode_demo*.json"))):
-        recs = json.load(open(path))
-        if not recs:
-            continue
-        label = recs[0]["machine"].split(",")[0]
-        pol = {}
-        for r in recs:
+        for r in json.load(open(path)):
             parts = r["name"].split(".")
-            if len(parts) >= 4:
-                pol.setdefault(parts[2], {})[parts[3]] = r["value"]
-        out[label] = pol
+            if len(parts) < 4:
+                continue
+            key = (r["machine"].split(",")[0], parts[1].rsplit("_", 1)[-1])
+            out.setdefault(key, {}).setdefault(parts[2], {})[parts[3]] = r["value"]
     return out
+
+
+def demo_bars(res, keys, scale, ylabel, title, filename):
+    policies = ["capacity", "static-query", "exact"]
+    width = 0.8 / len(keys)
+    fig, axes = plt.subplots(1, len(res), figsize=(6 * len(res), 4), squeeze=False)
+    for ax, ((machine, path), pol) in zip(axes[0], sorted(res.items())):
+        for i, key in enumerate(keys):
+            vals = [pol.get(p, {}).get(key, 0) / scale for p in policies]
+            ax.bar([x + (i - (len(keys) - 1) / 2) * width for x in range(3)], vals, width, label=key.replace("_", " "))
+        ax.set_xticks(range(3), policies)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title}, {path} path, {machine}")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(IMG, filename), dpi=110)
 
 
 def demo_plots():
     res = demo_results()
     if not res:
         return
-    policies = ["capacity", "static-query", "exact"]
-    fig, axes = plt.subplots(1, len(res), figsize=(6 * len(res), 4), squeeze=False)
-    for ax, (machine, pol) in zip(axes[0], res.items()):
-        for i, key in enumerate(["eager_step_ms", "graph_step_ms"]):
-            vals = [pol.get(p, {}).get(key, 0) for p in policies]
-            ax.bar([x + (i - 0.5) * 0.4 for x in range(3)], vals, 0.4, label=key.replace("_", " "))
-        ax.set_xticks(range(3), policies)
-        ax.set_ylabel("ms per decode step (all layers)")
-        ax.set_title(f"ds4_decode_demo on {machine}")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(IMG, "demo_step_time.png"), dpi=110)
-
-    fig, axes = plt.subplots(1, len(res), figsize=(6 * len(res), 4), squeeze=False)
-    for ax, (machine, pol) in zip(axes[0], res.items()):
-        for i, key in enumerate(["family_region_bytes", "separate_regions_bytes"]):
-            vals = [pol.get(p, {}).get(key, 0) / 2**20 for p in policies]
-            ax.bar([x + (i - 0.5) * 0.4 for x in range(3)], vals, 0.4, label=key.replace("_", " "))
-        ax.set_xticks(range(3), policies)
-        ax.set_ylabel("MiB of captured workspaces")
-        ax.set_title(f"workspace bytes per policy, {machine}")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(IMG, "demo_workspace_bytes.png"), dpi=110)
+    demo_bars(res, ["eager_step_ms", "graph_step_ms"], 1, "ms per decode step (all layers)", "ds4_decode_demo",
+              "demo_step_time.png")
+    demo_bars(res, ["family_region_bytes", "region_peak_live_bytes", "separate_regions_bytes"], 2**20,
+              "MiB of captured workspaces", "workspace bytes", "demo_workspace_bytes.png")
 
 
 def main():
