@@ -23,11 +23,14 @@ void indexer_compress_insert(const float* kv_state, const float* score_state, co
                              const float* norm_weight, float rope_theta, float eps, IndexerCache cache,
                              cudaStream_t stream);
 
-// Which tensor-core path computes the scores. wgmma (sm_90a): the fp8 key bytes widened to f16 once
-// in registers, wgmma m64n64k16 against the queries widened to f16 in shared memory (fp8 wgmma is not
-// used: its accumulator keeps fewer bits than the fp32 that the reference's tolerance assumes).
+// Which tensor-core path computes the scores. wgmma (sm_90a): a producer warp bulk-copies 64-row
+// tiles of keys into a shared-memory ring, consumer warpgroups widen the fp8 key bytes to f16 once
+// in registers and run wgmma m64n64k16 against the queries widened to f16 in shared memory (fp8
+// wgmma is not used: its accumulator keeps fewer bits than the fp32 that the reference's tolerance
+// assumes); it needs cache.block_rows to be a multiple of 64 (a tile lies in one block).
 // mma_sync (sm_89+): mma.sync m16n8k32 e4m3, which sm_90 runs as HMMA after widening both operands
-// in the instruction stream. automatic: wgmma on compute capability 9.x, else mma_sync.
+// in the instruction stream. automatic: wgmma on compute capability 9.x when block_rows allows it,
+// else mma_sync.
 enum class IndexerEngine { automatic, mma_sync, wgmma };
 
 struct IndexerScoreArgs {
