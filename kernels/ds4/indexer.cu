@@ -317,7 +317,7 @@ struct WsScoreSmem {
   int rows[kMaxScoreBatch];                 // min(n_c, N) of each request
   int tile_start[kMaxScoreBatch + 1];
 };
-static_assert(sizeof(WsScoreSmem<2, 8>::Stage) % 16 == 0, "bulk copies need 16-byte aligned stages");
+static_assert((kWsRows * (kIndexerRowBytes + kIndexerScaleBytes)) % 16 == 0, "bulk copies need 16-byte aligned stages");
 constexpr std::uint32_t kWgQSbo = (kIndexerDim / 8) * 128;  // 2048: the next 8 heads
 
 // The k (0..127) of wgmma's B that query byte d meets: the A permutation above.
@@ -330,19 +330,31 @@ __device__ __forceinline__ std::uint32_t fp8x2_to_f16x2(std::uint32_t two_bytes)
   return static_cast<std::uint32_t>(h.x) | (static_cast<std::uint32_t>(h.y) << 16);
 }
 
-// D[64x64] (+)= A[64x16] * B[16x64]: A f16 in registers, B f16 K-major in shared memory.
+// D[64x64] (+)= A[64x16] * B[16x64]: A f16 in registers, B f16 K-major in shared memory, its
+// descriptor as two 32-bit halves (the k-steps only move the low one: no 64-bit adds per step).
 __device__ __forceinline__ void wgmma_m64n64k16_f16_rs(float (&d)[32], std::uint32_t a0, std::uint32_t a1,
-                                                       std::uint32_t a2, std::uint32_t a3, std::uint64_t db,
-                                                       int accumulate) {
+                                                       std::uint32_t a2, std::uint32_t a3, std::uint32_t db_lo,
+                                                       std::uint32_t db_hi, int accumulate) {
 #ifndef GRAPHSAFE_DS4_NO_WGMMA
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+      "{\n.reg .pred p;\n.reg .b64 db;\nmov.b64 db, {%36, %37};\nsetp.ne.b32 p, %38, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, db, p, 1, 1, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(accumulate));
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(db_lo), "r"(db_hi), "r"(accumulate));
 #else
-  (void)d; (void)a0; (void)a1; (void)a2; (void)a3; (void)db; (void)accumulate;
+  (void)d; (void)a0; (void)a1; (void)a2; (void)a3; (void)db_lo; (void)db_hi; (void)accumulate;
   __trap();
+#endif
+}
+
+// Programmatic dependent launch (launch_pdl): wait until the previous kernel of the stream has
+// finished and its writes are visible, then let the next kernel launch, so its CTAs take the
+// multiprocessors this grid frees and run up to their own wait (the launch gap between back-to-back
+// kernels is hidden). Both are no-ops without the launch attribute.
+__device__ __forceinline__ void grid_dependency_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 
@@ -378,12 +390,13 @@ __global__ void __launch_bounds__(kWsConsumers * 128 + 32, kMinCtas) indexer_sco
   using Smem = WsScoreSmem<kWsConsumers, kWsStages>;
   Smem& sm = *reinterpret_cast<Smem*>(score_smem);
   const int tid = threadIdx.x, lane = tid & 31;
-  build_tile_list(a, kWsRows, sm.tile_start, sm.rows);
   if (tid == 0)
     for (int s = 0; s < kWsStages; ++s) {
       mbar_init(&sm.full[s], 1);
       mbar_init(&sm.empty[s], 128);
     }
+  grid_dependency_sync();
+  build_tile_list(a, kWsRows, sm.tile_start, sm.rows);
   __syncthreads();
   const int total = sm.tile_start[a.batch];
   const int per_cta = (total + gridDim.x - 1) / gridDim.x;
@@ -432,7 +445,9 @@ __global__ void __launch_bounds__(kWsConsumers * 128 + 32, kMinCtas) indexer_sco
   std::uint32_t* q_tile = sm.q[wg];
   float* weights = sm.weights[wg];
   const std::uint64_t q_desc = wgmma_desc(q_tile, 128, kWgQSbo);
+  const std::uint32_t q_lo = static_cast<std::uint32_t>(q_desc), q_hi = static_cast<std::uint32_t>(q_desc >> 32);
   int qb = -1, cb = 0;
+  float w_reg[kHeadTiles][2];  // the head weights this thread's accumulator columns meet
   for (int it = wg; it < count; it += kWsConsumers) {
     const int tile = first + it;
     while (sm.tile_start[cb + 1] <= tile) ++cb;
@@ -458,6 +473,11 @@ __global__ void __launch_bounds__(kWsConsumers * 128 + 32, kMinCtas) indexer_sco
       if (wtid < kIndexerHeads) weights[wtid] = __ldg(a.weights + cb * kIndexerHeads + wtid);
       fence_proxy_async();  // the generic-proxy stores above -> wgmma's reads
       warpgroup_sync(wg);
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        w_reg[nt][0] = weights[nt * 8 + 2 * t];
+        w_reg[nt][1] = weights[nt * 8 + 2 * t + 1];
+      }
       qb = cb;
     }
     const int st = it % kWsStages;
@@ -483,7 +503,7 @@ __global__ void __launch_bounds__(kWsConsumers * 128 + 32, kMinCtas) indexer_sco
     wgmma_fence();
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      wgmma_m64n64k16_f16_rs(acc, af[i][0], af[i][1], af[i][2], af[i][3], q_desc + 16 * i, i > 0 ? 1 : 0);
+      wgmma_m64n64k16_f16_rs(acc, af[i][0], af[i][1], af[i][2], af[i][3], q_lo + 16 * i, q_hi, i > 0 ? 1 : 0);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -491,7 +511,7 @@ __global__ void __launch_bounds__(kWsConsumers * 128 + 32, kMinCtas) indexer_sco
     float part[2] = {0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < kHeadTiles; ++nt) {
-      const float w0 = weights[nt * 8 + 2 * t], w1 = weights[nt * 8 + 2 * t + 1];
+      const float w0 = w_reg[nt][0], w1 = w_reg[nt][1];
       part[0] = __fadd_rn(part[0], __fadd_rn(__fmul_rn(w0, fmaxf(acc[4 * nt], 0.f)), __fmul_rn(w1, fmaxf(acc[4 * nt + 1], 0.f))));
       part[1] = __fadd_rn(part[1], __fadd_rn(__fmul_rn(w0, fmaxf(acc[4 * nt + 2], 0.f)), __fmul_rn(w1, fmaxf(acc[4 * nt + 3], 0.f))));
     }
@@ -519,10 +539,10 @@ __global__ void __launch_bounds__(kWsConsumers * 128 + 32, kMinCtas) indexer_sco
 // rows of that bin (a few hundred at decode shapes) into a candidate list, and two 10-bit passes
 // over the candidates alone find the exact K-th key. Only when the threshold bin overflows the
 // candidate list (massive ties) do those two passes read every row again. The rows above the K-th
-// key and the rows equal to it are then ordered by (score descending, row ascending) with a bitonic
-// network in shared memory, so the first K are the selection rule of indexer.hpp, a pure function
-// of the scores. When the rows equal to the K-th key overflow the network's capacity, the
-// lowest-id ties are taken by an ordered block scan instead.
+// key and the rows equal to it are then ordered by (score descending, row ascending) -- 32-key runs
+// sorted in registers, then every key placed by its rank over all runs -- so the first K are the
+// selection rule of indexer.hpp, a pure function of the scores. When the rows equal to the K-th
+// key overflow the sort's capacity, the lowest-id ties are taken by an ordered block scan instead.
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkSmemRows = 32768;  // 128 KiB of staged keys
 constexpr int kTopkBins = 4096;       // first digit: key bits 31..20
@@ -542,7 +562,6 @@ struct TopkSmem {
   std::uint32_t cand_key[kTopkCandCap];
   std::int32_t cand_row[kTopkCandCap];
   unsigned long long picked[kSortCap];  // (~key << 32) | row: ascending = the rule's order
-  unsigned long long counts;  // first compaction: rows of higher bins | threshold-bin rows << 32
   int count;      // picked so far
   int cand;       // rows of the threshold bin (may exceed kTopkCandCap)
   int bin;        // the threshold digit of the last find
@@ -589,6 +608,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
   S& sm = *reinterpret_cast<S*>(topk_smem);
   std::uint32_t* staged = reinterpret_cast<std::uint32_t*>(topk_smem) + (sizeof(S) + 15) / 16 * 4;  // [min(N, kTopkSmemRows)]
   const int b = blockIdx.x, tid = threadIdx.x;
+  grid_dependency_sync();
   const long long n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
   std::int32_t* out = a.topk_local + static_cast<long long>(b) * a.k;
   if (n_c <= a.k) {  // short context: every row in order
@@ -607,7 +627,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
     else return order_key(__ldg(scores + i));
   };
   for (int i = tid; i < kTopkBins; i += kTopkThreads) sm.hist[i] = 0;
-  if (tid == 0) { sm.counts = 0; sm.eq_base = 0; }
+  if (tid == 0) { sm.count = 0; sm.cand = 0; sm.eq_base = 0; }
   __syncthreads();
   // The first histogram while the keys are staged (one read of the scores): each thread's loads
   // of a batch are all in flight before its first atomic.
@@ -636,8 +656,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
     return (static_cast<unsigned long long>(~u) << 32) | static_cast<unsigned>(i);
   };
   // Higher bins: picked (exactly kk - rem1 rows < K <= kSortCap). The threshold bin: candidates.
-  // Each warp takes 4 x 32 rows per step and reserves room for both lists with one 64-bit shared
-  // atomic (candidates in the high word): the atomic's round trip is the loop's latency.
+  // Each warp takes 4 x 32 rows per step and reserves room in both lists at once.
   constexpr int kChunks = 4;
   const int lane = tid & 31;
   const unsigned lower = (1u << lane) - 1u;
@@ -655,11 +674,13 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
       ng += __popc(mg[c]);
       ne += __popc(me[c]);
     }
-    unsigned long long base = 0;
-    if (lane == 0 && (ng | ne))
-      base = atomicAdd(&sm.counts, (static_cast<unsigned long long>(ne) << 32) | static_cast<unsigned>(ng));
-    base = __shfl_sync(0xffffffffu, base, 0);
-    int pg = static_cast<int>(base & 0xFFFFFFFFull), pe = static_cast<int>(base >> 32);
+    int pg = 0, pe = 0;
+    if (lane == 0) {  // two independent 32-bit atomics (a 64-bit one is a compare-and-swap loop)
+      if (ng) pg = atomicAdd(&sm.count, ng);
+      if (ne) pe = atomicAdd(&sm.cand, ne);
+    }
+    pg = __shfl_sync(0xffffffffu, pg, 0);
+    pe = __shfl_sync(0xffffffffu, pe, 0);
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int i = i0 + c * kTopkThreads + tid;
@@ -670,8 +691,6 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
       pe += __popc(me[c]);
     }
   }
-  __syncthreads();
-  if (tid == 0) { sm.count = static_cast<int>(sm.counts & 0xFFFFFFFFull); sm.cand = static_cast<int>(sm.counts >> 32); }
   __syncthreads();
   // Two 10-bit passes over the threshold bin's rows: the candidate list, or every row when it
   // overflowed (then filtered by the first digit).
@@ -714,52 +733,44 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
   }
   __syncthreads();
   const int total = sort_ties ? above + equal : above;
-  int width = 2;
-  while (width < total) width <<= 1;
-  for (int i = total + tid; i < width; i += kTopkThreads) sm.picked[i] = ~0ull;
+  const int runs = (total + 31) / 32;
+  for (int i = total + tid; i < runs * 32; i += kTopkThreads) sm.picked[i] = ~0ull;
   __syncthreads();
-  // Bitonic network, ascending, over [0, width): keys are distinct (the row is part of them).
-  if (width <= kTopkThreads) {
-    // One key per thread: partners within a warp by shuffle, farther ones through shared memory.
-    // Threads at or past `width` hold ~0 and pair only with each other (width is a power of two).
-    unsigned long long v = tid < width ? sm.picked[tid] : ~0ull;
-    for (int k = 2; k <= width; k <<= 1)
+  // Ascending order of the picked keys (distinct: the row is part of them). Each warp sorts 32-key
+  // runs with a bitonic network in registers; then a key's place is the number of smaller keys in
+  // all runs (a binary search per run, its own included), and its row is written there. One block
+  // barrier instead of one per network stage; the padding (~0) places after every real key.
+  const int warp = tid >> 5;
+  for (int r = warp; r < runs; r += kTopkThreads / 32) {
+    unsigned long long v = sm.picked[r * 32 + lane];
+    for (int k = 2; k <= 32; k <<= 1)
       for (int j = k >> 1; j > 0; j >>= 1) {
-        unsigned long long other;
-        if (j >= 32) {
-          __syncthreads();  // the previous exchange's reads are done
-          sm.picked[tid] = v;
-          __syncthreads();
-          other = sm.picked[tid ^ j];
-        } else {
-          other = __shfl_xor_sync(0xffffffffu, v, j);
-        }
-        const bool keep_min = ((tid & j) == 0) == ((tid & k) == 0);
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, v, j);
+        const bool keep_min = ((lane & j) == 0) == ((lane & k) == 0);
         v = keep_min ? (other < v ? other : v) : (other > v ? other : v);
       }
-    __syncthreads();
-    if (tid < width) sm.picked[tid] = v;
-    __syncthreads();
-  } else {
-    for (int k = 2; k <= width; k <<= 1)
-      for (int j = k >> 1; j > 0; j >>= 1) {
-        for (int i = tid; i < width; i += kTopkThreads) {
-          const int p = i ^ j;
-          if (p > i) {
-            const unsigned long long x = sm.picked[i], y = sm.picked[p];
-            if ((x > y) == ((i & k) == 0)) { sm.picked[i] = y; sm.picked[p] = x; }
-          }
-        }
-        __syncthreads();
-      }
+    sm.picked[r * 32 + lane] = v;  // run r is this warp's alone until the barrier
   }
+  __syncthreads();
   const int sorted = sort_ties ? kk : above;
-  for (int i = tid; i < a.k; i += kTopkThreads) {
-    if (i < sorted) out[i] = static_cast<std::int32_t>(sm.picked[i] & 0xFFFFFFFFull);
-    else if (i >= kk) out[i] = -1;
+  for (int r = warp; r < runs; r += kTopkThreads / 32) {
+    const unsigned long long v = sm.picked[r * 32 + lane];
+    int place = 0;
+#pragma unroll 4
+    for (int q = 0; q < runs; ++q) {
+      const unsigned long long* run = sm.picked + q * 32;
+      int c = 0;  // keys of run q below v
+#pragma unroll
+      for (int step = 16; step > 0; step >>= 1)
+        if (run[c + step - 1] < v) c += step;
+      c += run[c] < v ? 1 : 0;
+      place += c;
+    }
+    if (place < sorted) out[place] = static_cast<std::int32_t>(v & 0xFFFFFFFFull);
   }
+  for (int i = kk + tid; i < a.k; i += kTopkThreads) out[i] = -1;
   if (!sort_ties) {
-    // Too many ties for the network: the `ties` lowest-id rows equal to the K-th key, in row order.
+    // Too many ties for the sort: the `ties` lowest-id rows equal to the K-th key, in row order.
     for (int c0 = 0; c0 < n; c0 += kTopkThreads) {
       const int i = c0 + tid;
       const bool eq = i < n && key_at(i) == kth;
@@ -773,6 +784,23 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
       __syncthreads();
     }
   }
+}
+
+// Launches with programmatic dependent launch allowed (the kernels call grid_dependency_sync()
+// before their first global access).
+template <class Kernel, class Args>
+void launch_pdl(Kernel k, dim3 grid, dim3 block, int smem, cudaStream_t stream, const Args& args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = attention::device_cc_major() >= 9 ? 1 : 0;  // the attribute needs sm_90
+  check_cuda(cudaLaunchKernelEx(&cfg, k, args), "cudaLaunchKernelEx(indexer)");
 }
 
 // Raises a kernel's dynamic shared memory limit once per device (kernel attributes are per device).
@@ -802,11 +830,11 @@ void launch_topk(const IndexerTopkArgs& a, cudaStream_t stream) {
   if (a.N <= kTopkSmemRows) {
     static bool done[64] = {};
     allow_dynamic_smem(topk_kernel<kSortCap, true>, base + kTopkSmemRows * 4, done, "cudaFuncSetAttribute(indexer top-k)");
-    topk_kernel<kSortCap, true><<<a.batch, kTopkThreads, base + static_cast<int>(a.N) * 4, stream>>>(a);
+    launch_pdl(topk_kernel<kSortCap, true>, dim3(a.batch), dim3(kTopkThreads), base + static_cast<int>(a.N) * 4, stream, a);
   } else {
     static bool done[64] = {};
     allow_dynamic_smem(topk_kernel<kSortCap, false>, base, done, "cudaFuncSetAttribute(indexer top-k)");
-    topk_kernel<kSortCap, false><<<a.batch, kTopkThreads, base, stream>>>(a);
+    launch_pdl(topk_kernel<kSortCap, false>, dim3(a.batch), dim3(kTopkThreads), base, stream, a);
   }
 }
 
@@ -820,7 +848,7 @@ void launch_score_ws(const IndexerScoreArgs& a, cudaStream_t stream) {
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   if (ctas[dev & 63] == 0) ctas[dev & 63] = resident_ctas(indexer_score_wgmma_kernel<C, S, M>, Smem::kThreads, bytes);
-  indexer_score_wgmma_kernel<C, S, M><<<ctas[dev & 63] * device_sm_count(), Smem::kThreads, bytes, stream>>>(a);
+  launch_pdl(indexer_score_wgmma_kernel<C, S, M>, dim3(ctas[dev & 63] * device_sm_count()), dim3(Smem::kThreads), bytes, stream, a);
 }
 
 void check_indexer_cache(const char* fn, const IndexerCache& c) {
@@ -899,7 +927,8 @@ void indexer_score(const IndexerScoreArgs& a, cudaStream_t stream) {
   }
   if (wgmma) {
     // Two consumer warpgroups and 8 stages, two CTAs per multiprocessor (3 x 12 stages, 4 x 12
-    // and 2 x 6 measured within 3 % of it).
+    // and 2 x 6 measured within 3 % of it; consumers that keep two tiles in flight, one CTA per
+    // multiprocessor for their registers, measured 11 % slower).
     launch_score_ws<2, 8, 2>(a, stream);
   } else {
     // Two CTAs per multiprocessor (what the registers allow): every warp's run is long enough to
@@ -937,7 +966,7 @@ void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream) {
   require_ptr(fn, "seq_lens", a.seq_lens);
   require_ptr(fn, "topk_local", a.topk_local);
   if (a.N > 0) require_ptr(fn, "logits", a.logits);
-  // The network holds the rows above the K-th key and, usually, its ties: room for 2K.
+  // The sort holds the rows above the K-th key and, usually, its ties: room for 2K.
   if (a.k <= 512)
     launch_topk<1024>(a, stream);
   else if (a.k <= 1024)

@@ -68,9 +68,10 @@ struct IndexerTopkArgs {
   std::int32_t* topk_local = nullptr;          // out [B, K]
 };
 // One CTA per request: a radix select of the K-th best score (a 12-bit histogram over every row,
-// then two 10-bit passes over the rows of the threshold bin only), then a sorting network orders the
-// picked rows (the selection rule of indexer.hpp). Needs no workspace beyond the logits. Rows past
-// min(n_c, N) are never read.
+// then two 10-bit passes over the rows of the threshold bin only), then the picked rows are
+// ordered (32-row runs sorted in registers, each row placed by its rank over the runs: the
+// selection rule of indexer.hpp). Needs no workspace beyond the logits. Rows past min(n_c, N) are
+// never read.
 void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream);
 
 }  // namespace cuda
