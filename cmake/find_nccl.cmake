@@ -2,6 +2,8 @@
 # lib/libnccl.so*), $NCCL_ROOT / $NCCL_HOME, the CUDA toolkit, the system, then the nvidia-nccl-cu*
 # wheel in the site-packages of the Python interpreters on PATH (PyTorch's environment ships NCCL
 # there as nvidia/nccl/{include,lib}, its library as libnccl.so.2 only).
+# GRAPHSAFE_NCCL_FALLBACK (a prefix, optional) is searched last, after the system: the installed
+# package's config (graphsafeConfig.cmake, which includes this file) passes the NCCL it was built with.
 # Sets GRAPHSAFE_NCCL_FOUND, GRAPHSAFE_NCCL_VERSION, GRAPHSAFE_NCCL_WHY (when not found) and the
 # imported target graphsafe_nccl_library.
 set(GRAPHSAFE_NCCL_ROOT "" CACHE PATH "Prefix holding NCCL's include/nccl.h and lib/libnccl.so*")
@@ -28,7 +30,8 @@ foreach(_py IN LISTS _gs_pythons)
   endif()
 endforeach()
 
-find_path(GRAPHSAFE_NCCL_INCLUDE_DIR nccl.h HINTS ${_gs_nccl_hints} PATH_SUFFIXES include)
+find_path(GRAPHSAFE_NCCL_INCLUDE_DIR nccl.h HINTS ${_gs_nccl_hints} PATHS ${GRAPHSAFE_NCCL_FALLBACK}
+          PATH_SUFFIXES include)
 # The library next to the header first (a header and a library of different releases do not mix).
 if(GRAPHSAFE_NCCL_INCLUDE_DIR)
   get_filename_component(_gs_prefix ${GRAPHSAFE_NCCL_INCLUDE_DIR} DIRECTORY)
@@ -36,7 +39,7 @@ if(GRAPHSAFE_NCCL_INCLUDE_DIR)
                PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
 endif()
 find_library(GRAPHSAFE_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${_gs_nccl_hints}
-             PATH_SUFFIXES lib lib64)
+             PATHS ${GRAPHSAFE_NCCL_FALLBACK} PATH_SUFFIXES lib lib64)
 
 set(GRAPHSAFE_NCCL_FOUND OFF)
 set(GRAPHSAFE_NCCL_WHY "")
