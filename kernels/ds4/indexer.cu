@@ -135,6 +135,35 @@ struct ScoreSmem {
   int tile_start[kMaxScoreBatch + 1];        // first tile of each request in the list
 };
 
+// The tile list of a launch: tile_start[b] = the first `rows_per_tile`-row tile of request b (its
+// rows min(n_c, N) in order, the last tile partial), tile_start[batch] = the total; rows[b] (when
+// given) = request b's row count. A serial prefix over the requests by warp 0 (a few hundred cycles
+// for 64 requests); the caller synchronizes before reading it.
+__device__ __forceinline__ void build_tile_list(const IndexerScoreArgs& a, int rows_per_tile, int* tile_start, int* rows) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  int base = 0;
+  for (int b0 = 0; b0 < a.batch; b0 += 32) {
+    const int b = b0 + lane;
+    int n = 0;
+    if (b < a.batch) {
+      const long long n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
+      n = static_cast<int>(n_c < a.N ? n_c : a.N);
+      if (rows != nullptr) rows[b] = n;
+    }
+    const int tiles = (n + rows_per_tile - 1) / rows_per_tile;
+    int incl = tiles;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (b < a.batch) tile_start[b] = base + incl - tiles;
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  if (lane == 0) tile_start[a.batch] = base;
+}
+
 __global__ void __launch_bounds__(kScoreWarps * 32, 2) indexer_score_kernel(IndexerScoreArgs a) {
   extern __shared__ uint4 score_smem[];  // dynamic: the ring is larger than the 48 KiB static limit
   ScoreSmem& sm = *reinterpret_cast<ScoreSmem*>(score_smem);
@@ -144,23 +173,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) indexer_score_kernel(Inde
     const long long n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
     return static_cast<int>(n_c < a.N ? n_c : a.N);
   };
-  // Tile list: a serial prefix over the requests by warp 0 (a few hundred cycles for 64 requests).
-  if (warp == 0) {
-    int base = 0;
-    for (int b0 = 0; b0 < a.batch; b0 += 32) {
-      const int b = b0 + lane;
-      const int tiles = b < a.batch ? (rows_of(b) + 15) / 16 : 0;
-      int incl = tiles;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      if (b < a.batch) sm.tile_start[b] = base + incl - tiles;
-      base += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0) sm.tile_start[a.batch] = base;
-  }
+  build_tile_list(a, 16, sm.tile_start, nullptr);
   __syncthreads();
   const int total = sm.tile_start[a.batch];
   const int warps = gridDim.x * kScoreWarps, gw = blockIdx.x * kScoreWarps + warp;
@@ -272,28 +285,39 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) indexer_score_kernel(Inde
 // 12 conversions per m16n8k32, the cost of the kernel above), so this one widens each key byte
 // once, in registers, and runs wgmma m64n64k16 (f16 in, fp32 accumulate) with the keys as the
 // register A operand (64 rows: one warpgroup tile) and the request's queries as B, widened to f16
-// once per request into shared memory. Each warp loads its 16 rows exactly as the kernel above
-// (thread (g, t) holds bytes [t*32, t*32+32) of rows g and g+8), so the k order is permuted the same
-// way: A register word i of a row takes its bytes 4i .. 4i+3 (k-step i: bytes 4i, 4i+1 at k = 2t,
-// 2t+1 and bytes 4i+2, 4i+3 at k = 2t+8, 2t+9), and the query tile stores byte d of head h at the
-// k that the key byte d meets (q_perm_k). The accumulator is the mma.sync layout per warp, and the
-// ReLU, head-weight and quad-sum epilogue is the one above, in the same order.
-// One warpgroup per CTA, several CTAs per multiprocessor: their copies, conversions, wgmma chains
-// and epilogues interleave. Tiles are kWgRows rows of one request (a request's last tile is
-// partial). kWgSub m64 tiles per step: 2 gives two independent wgmma chains and epilogues per step
-// and three CTAs per multiprocessor (the registers), and measured no faster on the H200 than 1.
-constexpr int kWgSub = 1;
-constexpr int kWgRows = 64 * kWgSub;  // rows of one tile
-constexpr int kWgStages = kWgSub == 1 ? 4 : 3;
-constexpr int kWgCtasPerSm = kWgSub == 1 ? 4 : 3;
+// once per request into shared memory. Thread (g, t) of a warp holds bytes [t*32, t*32+32) of the
+// warp's rows g and g+8, as in the kernel above, so the k order is permuted the same way: A
+// register word i of a row takes its bytes 4i .. 4i+3 (k-step i: bytes 4i, 4i+1 at k = 2t, 2t+1 and
+// bytes 4i+2, 4i+3 at k = 2t+8, 2t+9), and the query tile stores byte d of head h at the k that the
+// key byte d meets (q_perm_k). The accumulator is the mma.sync layout per warp, and the ReLU,
+// head-weight and quad-sum epilogue is the one above, in the same order.
+//
+// Warp-specialized: a tile is 64 rows of one request, which (block_rows a multiple of 64) lie in
+// one cache block: 8 KiB of key bytes and 256 bytes of scales, two bulk copies. A producer warp
+// issues them into a ring of stages (an mbarrier with the byte count per stage fills it, one
+// arrival of every consumer thread empties it), so the copies of several tiles stay in flight
+// whatever the consumers are doing; kWsConsumers consumer warpgroups take the CTA's tiles in turn
+// (tile i: stage i % kWsStages, warpgroup i % kWsConsumers). A consumer reads its rows into
+// registers, frees the stage, widens, runs the 8-step wgmma chain and the epilogue. Each
+// consumer has its own query tile, since two consumers can be on different requests. The CTAs
+// (a persistent grid) split the tile list into contiguous runs.
+constexpr int kWsRows = 64;  // rows of one tile
 
-struct WgScoreSmem {
-  std::uint32_t q[kIndexerHeads * kIndexerDim / 2];   // f16 pairs, canonical K-major layout (SBO 2048)
-  uint4 keys[kWgStages][kWgSub][kScoreWarps][32][4];
-  float scales[kWgStages][kWgSub][kScoreWarps][16];
-  float weights[kIndexerHeads];
+template <int kWsConsumers, int kWsStages>
+struct WsScoreSmem {
+  static constexpr int kThreads = kWsConsumers * 128 + 32;  // + the producer warp
+  std::uint32_t q[kWsConsumers][kIndexerHeads * kIndexerDim / 2];  // f16 pairs, canonical K-major (SBO 2048)
+  struct Stage {
+    std::uint8_t keys[kWsRows * kIndexerRowBytes];
+    float scales[kWsRows];
+  } ring[kWsStages];
+  std::uint64_t full[kWsStages];
+  std::uint64_t empty[kWsStages];
+  float weights[kWsConsumers][kIndexerHeads];
+  int rows[kMaxScoreBatch];                 // min(n_c, N) of each request
   int tile_start[kMaxScoreBatch + 1];
 };
+static_assert((kWsRows * (kIndexerRowBytes + kIndexerScaleBytes)) % 16 == 0, "bulk copies need 16-byte aligned stages");
 constexpr std::uint32_t kWgQSbo = (kIndexerDim / 8) * 128;  // 2048: the next 8 heads
 
 // The k (0..127) of wgmma's B that query byte d meets: the A permutation above.
@@ -306,129 +330,133 @@ __device__ __forceinline__ std::uint32_t fp8x2_to_f16x2(std::uint32_t two_bytes)
   return static_cast<std::uint32_t>(h.x) | (static_cast<std::uint32_t>(h.y) << 16);
 }
 
-// D[64x64] (+)= A[64x16] * B[16x64]: A f16 in registers, B f16 K-major in shared memory.
+// D[64x64] (+)= A[64x16] * B[16x64]: A f16 in registers, B f16 K-major in shared memory, its
+// descriptor as two 32-bit halves (the k-steps only move the low one: no 64-bit adds per step).
 __device__ __forceinline__ void wgmma_m64n64k16_f16_rs(float (&d)[32], std::uint32_t a0, std::uint32_t a1,
-                                                       std::uint32_t a2, std::uint32_t a3, std::uint64_t db,
-                                                       int accumulate) {
+                                                       std::uint32_t a2, std::uint32_t a3, std::uint32_t db_lo,
+                                                       std::uint32_t db_hi, int accumulate) {
 #ifndef GRAPHSAFE_DS4_NO_WGMMA
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+      "{\n.reg .pred p;\n.reg .b64 db;\nmov.b64 db, {%36, %37};\nsetp.ne.b32 p, %38, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, db, p, 1, 1, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(accumulate));
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(db_lo), "r"(db_hi), "r"(accumulate));
 #else
-  (void)d; (void)a0; (void)a1; (void)a2; (void)a3; (void)db; (void)accumulate;
+  (void)d; (void)a0; (void)a1; (void)a2; (void)a3; (void)db_lo; (void)db_hi; (void)accumulate;
   __trap();
 #endif
 }
 
-__global__ void __launch_bounds__(kScoreWarps * 32, kWgCtasPerSm) indexer_score_wgmma_kernel(IndexerScoreArgs a) {
-  extern __shared__ uint4 score_smem[];
-  WgScoreSmem& sm = *reinterpret_cast<WgScoreSmem*>(score_smem);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  auto rows_of = [&](int b) {
-    const long long n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
-    return static_cast<int>(n_c < a.N ? n_c : a.N);
-  };
-  if (warp == 0) {  // kWgRows-row tiles of every request, as the kernel above lists 16-row tiles
-    int base = 0;
-    for (int b0 = 0; b0 < a.batch; b0 += 32) {
-      const int b = b0 + lane;
-      const int tiles = b < a.batch ? (rows_of(b) + kWgRows - 1) / kWgRows : 0;
-      int incl = tiles;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      if (b < a.batch) sm.tile_start[b] = base + incl - tiles;
-      base += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0) sm.tile_start[a.batch] = base;
+// Programmatic dependent launch (launch_pdl): wait until the previous kernel of the stream has
+// finished and its writes are visible, then let the next kernel launch, so its CTAs take the
+// multiprocessors this grid frees and run up to their own wait (the launch gap between back-to-back
+// kernels is hidden). Both are no-ops without the launch attribute.
+__device__ __forceinline__ void grid_dependency_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ bool mbar_try_wait(std::uint64_t* bar, unsigned parity) {
+  std::uint32_t ok;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  return ok != 0;
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
+  while (!mbar_try_wait(bar, parity)) {
   }
+}
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// `bytes` (a multiple of 16) from global to shared memory, counted on `bar`'s transaction count.
+__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(smem)),
+               "l"(gmem), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+// A named barrier of one consumer warpgroup (id 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+}
+
+template <int kWsConsumers, int kWsStages, int kMinCtas>
+__global__ void __launch_bounds__(kWsConsumers * 128 + 32, kMinCtas) indexer_score_wgmma_kernel(IndexerScoreArgs a) {
+  extern __shared__ uint4 score_smem[];
+  using Smem = WsScoreSmem<kWsConsumers, kWsStages>;
+  Smem& sm = *reinterpret_cast<Smem*>(score_smem);
+  const int tid = threadIdx.x, lane = tid & 31;
+  if (tid == 0)
+    for (int s = 0; s < kWsStages; ++s) {
+      mbar_init(&sm.full[s], 1);
+      mbar_init(&sm.empty[s], 128);
+    }
+  grid_dependency_sync();
+  build_tile_list(a, kWsRows, sm.tile_start, sm.rows);
   __syncthreads();
   const int total = sm.tile_start[a.batch];
   const int per_cta = (total + gridDim.x - 1) / gridDim.x;
   const int first = blockIdx.x * per_cta, last = min(first + per_cta, total);
   if (first >= last) return;  // CTA-uniform
+  const int count = last - first;
 
-  auto request_of = [&](int tile, int b) {
-    while (sm.tile_start[b + 1] <= tile) ++b;
-    return b;
-  };
-  // The issuing side, one tile ahead of its copies: plan(it) finds tile it's request and reads its
-  // block-table entries (and the request's row count once per request) into registers; issue(it)
-  // then starts the copies from them, so no copy waits on a table read in the loop.
-  struct Plan {
-    int blk[kWgSub][2];        // the physical block of each of the thread's rows
-    int off[kWgSub][2];        // the row within its block (-1: no row)
-  };
-  int ib = request_of(first, 0), ib_rows = rows_of(ib), ib_start = sm.tile_start[ib];
-  auto plan = [&](int it) {
-    Plan p;
-#pragma unroll
-    for (int u = 0; u < kWgSub; ++u) { p.blk[u][0] = p.blk[u][1] = 0; p.off[u][0] = p.off[u][1] = -1; }
-    const int tile = first + it;
-    if (tile < last) {
-      if (sm.tile_start[ib + 1] <= tile) {
-        ib = request_of(tile, ib);
-        ib_rows = rows_of(ib);
-        ib_start = sm.tile_start[ib];
+  if (tid >= kWsConsumers * 128) {
+    // Producer warp: each lane locates one of the next 32 tiles (request, block, rows: one table
+    // read per lane, all in flight together), then lane 0 issues them in order as stages free up.
+    int b = 0;
+    for (int base = 0; base < count; base += 32) {
+      const int tile = first + base + lane;
+      int blk = 0, off = 0, nrows = 0;
+      if (tile < last) {
+        while (sm.tile_start[b + 1] <= tile) ++b;
+        const int row0 = (tile - sm.tile_start[b]) * kWsRows;
+        nrows = min(kWsRows, sm.rows[b] - row0);
+        blk = __ldg(a.block_table + static_cast<long long>(b) * a.blocks_per_req + row0 / a.cache.block_rows);
+        off = row0 % a.cache.block_rows;
       }
-      const std::int32_t* table = a.block_table + static_cast<long long>(ib) * a.blocks_per_req;
-#pragma unroll
-      for (int u = 0; u < kWgSub; ++u)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int s = (tile - ib_start) * kWgRows + u * 64 + warp * 16 + g + half * 8;
-          if (s < ib_rows) {
-            p.blk[u][half] = __ldg(table + s / a.cache.block_rows);
-            p.off[u][half] = s % a.cache.block_rows;
-          }
+      const int n = min(32, count - base);
+      for (int j = 0; j < n; ++j) {
+        const int it = base + j, st = it % kWsStages;
+        const int jblk = __shfl_sync(0xffffffffu, blk, j), joff = __shfl_sync(0xffffffffu, off, j);
+        const int jrows = __shfl_sync(0xffffffffu, nrows, j);
+        if (lane == 0) {
+          if (it >= kWsStages) mbar_wait(&sm.empty[st], ((it / kWsStages) - 1) & 1);
+          const std::uint8_t* blkp = a.cache.base + static_cast<long long>(jblk) * static_cast<long long>(a.cache.stride);
+          const unsigned key_bytes = static_cast<unsigned>(jrows) * kIndexerRowBytes;
+          const unsigned scale_bytes = static_cast<unsigned>((jrows + 3) & ~3) * kIndexerScaleBytes;
+          mbar_arrive_expect_tx(&sm.full[st], key_bytes + scale_bytes);
+          bulk_copy_g2s(sm.ring[st].keys, blkp + static_cast<long long>(joff) * kIndexerRowBytes, key_bytes, &sm.full[st]);
+          bulk_copy_g2s(sm.ring[st].scales,
+                        blkp + static_cast<long long>(a.cache.block_rows) * kIndexerRowBytes + joff * kIndexerScaleBytes,
+                        scale_bytes, &sm.full[st]);
         }
+      }
     }
-    return p;
-  };
-  auto issue = [&](int it, const Plan& p) {
-    if (first + it < last) {
-      const int st = it % kWgStages;
-#pragma unroll
-      for (int u = 0; u < kWgSub; ++u)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const bool valid = p.off[u][half] >= 0;
-          const long long off = valid ? p.off[u][half] : 0;
-          const std::uint8_t* base = a.cache.base + static_cast<long long>(p.blk[u][half]) * static_cast<long long>(a.cache.stride);
-          const std::uint8_t* row = base + off * kIndexerRowBytes + t * 32;
-          cp_async16(&sm.keys[st][u][warp][lane][2 * half], row, valid);
-          cp_async16(&sm.keys[st][u][warp][lane][2 * half + 1], row + 16, valid);
-          if (t == 0) {
-            const std::uint8_t* sc = base + static_cast<long long>(a.cache.block_rows) * kIndexerRowBytes +
-                                     off * kIndexerScaleBytes;
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(&sm.scales[st][u][warp][half * 8 + g])),
-                         "l"(sc), "r"(valid ? 4 : 0));
-          }
-        }
-    }
-    cp_async_commit();
-  };
-#pragma unroll
-  for (int it = 0; it < kWgStages - 1; ++it) issue(it, plan(it));
-  Plan next = plan(kWgStages - 1);
+    return;
+  }
 
-  const std::uint64_t q_desc = wgmma_desc(sm.q, 128, kWgQSbo);
-  int qb = -1, cb_rows = 0;
-  int cb = request_of(first, 0);
-  for (int it = 0; first + it < last; ++it) {
+  // Consumer warpgroup wg, thread (warp w, g, t): rows 16w + g and 16w + g + 8 of each tile.
+  const int wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  std::uint32_t* q_tile = sm.q[wg];
+  float* weights = sm.weights[wg];
+  const std::uint64_t q_desc = wgmma_desc(q_tile, 128, kWgQSbo);
+  const std::uint32_t q_lo = static_cast<std::uint32_t>(q_desc), q_hi = static_cast<std::uint32_t>(q_desc >> 32);
+  int qb = -1, cb = 0;
+  float w_reg[kHeadTiles][2];  // the head weights this thread's accumulator columns meet
+  for (int it = wg; it < count; it += kWsConsumers) {
     const int tile = first + it;
-    cb = request_of(tile, cb);
-    if (cb != qb) {  // CTA-uniform: the request's queries, widened to f16, and its head weights
-      __syncthreads();  // every warp's wgmma of the previous request has completed (waited below)
+    while (sm.tile_start[cb + 1] <= tile) ++cb;
+    if (cb != qb) {  // warpgroup-uniform: the request's queries, widened to f16, and its head weights
+      warpgroup_sync(wg);  // every warp's wgmma of the previous request has completed (waited below)
       const uint4* qp = reinterpret_cast<const uint4*>(a.q + static_cast<long long>(cb) * kIndexerHeads * kIndexerDim);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const int chunk = c * 128 + tid;  // 16-byte chunk: head chunk / 8, bytes (chunk % 8) * 16 ..
+        const int chunk = c * 128 + wtid;  // 16-byte chunk: head chunk / 8, bytes (chunk % 8) * 16 ..
         const uint4 v = __ldg(qp + chunk);
         const int h = chunk >> 3, d0 = (chunk & 7) * 16;
         const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
@@ -439,83 +467,67 @@ __global__ void __launch_bounds__(kScoreWarps * 32, kWgCtasPerSm) indexer_score_
             const int d = d0 + 4 * wi + 2 * p;
             const int k = q_perm_k(d);  // even: the pair (d, d + 1) lands on (k, k + 1)
             const int byte = (h >> 3) * static_cast<int>(kWgQSbo) + (k >> 3) * 128 + (h & 7) * 16 + (k & 7) * 2;
-            sm.q[byte >> 2] = fp8x2_to_f16x2(words[wi] >> (16 * p));
+            q_tile[byte >> 2] = fp8x2_to_f16x2(words[wi] >> (16 * p));
           }
       }
-      if (tid < kIndexerHeads) sm.weights[tid] = __ldg(a.weights + cb * kIndexerHeads + tid);
-      cb_rows = rows_of(cb);
+      if (wtid < kIndexerHeads) weights[wtid] = __ldg(a.weights + cb * kIndexerHeads + wtid);
       fence_proxy_async();  // the generic-proxy stores above -> wgmma's reads
-      __syncthreads();
+      warpgroup_sync(wg);
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        w_reg[nt][0] = weights[nt * 8 + 2 * t];
+        w_reg[nt][1] = weights[nt * 8 + 2 * t + 1];
+      }
       qb = cb;
     }
-    issue(it + kWgStages - 1, next);
-    next = plan(it + kWgStages);  // its table reads complete while this tile computes
-    cp_async_wait<kWgStages - 1>();
-    const int st = it % kWgStages;
-    std::uint32_t af[kWgSub][8][4];
+    const int st = it % kWsStages;
+    mbar_wait(&sm.full[st], (it / kWsStages) & 1);
+    const uint4* krow = reinterpret_cast<const uint4*>(sm.ring[st].keys + (warp * 16 + g) * kIndexerRowBytes + t * 32);
+    const uint4 k0lo = krow[0], k0hi = krow[1];
+    const uint4 k1lo = krow[8 * kIndexerRowBytes / 16], k1hi = krow[8 * kIndexerRowBytes / 16 + 1];
+    const float sc0 = sm.ring[st].scales[warp * 16 + g], sc1 = sm.ring[st].scales[warp * 16 + g + 8];
+    mbar_arrive(&sm.empty[st]);  // this thread's reads of the stage are done
+    const std::uint32_t r0[8] = {k0lo.x, k0lo.y, k0lo.z, k0lo.w, k0hi.x, k0hi.y, k0hi.z, k0hi.w};
+    const std::uint32_t r1[8] = {k1lo.x, k1lo.y, k1lo.z, k1lo.w, k1hi.x, k1hi.y, k1hi.z, k1hi.w};
+    std::uint32_t af[8][4];
 #pragma unroll
-    for (int u = 0; u < kWgSub; ++u) {
-      const uint4 k0lo = sm.keys[st][u][warp][lane][0], k0hi = sm.keys[st][u][warp][lane][1];
-      const uint4 k1lo = sm.keys[st][u][warp][lane][2], k1hi = sm.keys[st][u][warp][lane][3];
-      const std::uint32_t r0[8] = {k0lo.x, k0lo.y, k0lo.z, k0lo.w, k0hi.x, k0hi.y, k0hi.z, k0hi.w};
-      const std::uint32_t r1[8] = {k1lo.x, k1lo.y, k1lo.z, k1lo.w, k1hi.x, k1hi.y, k1hi.z, k1hi.w};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        af[u][i][0] = fp8x2_to_f16x2(r0[i]);
-        af[u][i][1] = fp8x2_to_f16x2(r1[i]);
-        af[u][i][2] = fp8x2_to_f16x2(r0[i] >> 16);
-        af[u][i][3] = fp8x2_to_f16x2(r1[i] >> 16);
-      }
+    for (int i = 0; i < 8; ++i) {
+      af[i][0] = fp8x2_to_f16x2(r0[i]);
+      af[i][1] = fp8x2_to_f16x2(r1[i]);
+      af[i][2] = fp8x2_to_f16x2(r0[i] >> 16);
+      af[i][3] = fp8x2_to_f16x2(r1[i] >> 16);
     }
-    float acc[kWgSub][32];
+    float acc[32];
 #pragma unroll
-    for (int u = 0; u < kWgSub; ++u)
-#pragma unroll
-      for (int e = 0; e < 32; ++e) acc[u][e] = 0.f;
+    for (int e = 0; e < 32; ++e) acc[e] = 0.f;
     wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < 8; ++i)  // the sub-tiles' chains interleaved: consecutive wgmmas independent
-#pragma unroll
-      for (int u = 0; u < kWgSub; ++u)
-        wgmma_m64n64k16_f16_rs(acc[u], af[u][i][0], af[u][i][1], af[u][i][2], af[u][i][3], q_desc + 16 * i, i > 0 ? 1 : 0);
+    for (int i = 0; i < 8; ++i)
+      wgmma_m64n64k16_f16_rs(acc, af[i][0], af[i][1], af[i][2], af[i][3], q_lo + 16 * i, q_hi, i > 0 ? 1 : 0);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
-    for (int u = 0; u < kWgSub; ++u)
+    for (int e = 0; e < 32; ++e) asm volatile("" : "+f"(acc[e])::"memory");  // no read before the wait
+    float part[2] = {0.f, 0.f};
 #pragma unroll
-      for (int e = 0; e < 32; ++e) asm volatile("" : "+f"(acc[u][e])::"memory");  // no read before the wait
-    float part[kWgSub][2];
+    for (int nt = 0; nt < kHeadTiles; ++nt) {
+      const float w0 = w_reg[nt][0], w1 = w_reg[nt][1];
+      part[0] = __fadd_rn(part[0], __fadd_rn(__fmul_rn(w0, fmaxf(acc[4 * nt], 0.f)), __fmul_rn(w1, fmaxf(acc[4 * nt + 1], 0.f))));
+      part[1] = __fadd_rn(part[1], __fadd_rn(__fmul_rn(w0, fmaxf(acc[4 * nt + 2], 0.f)), __fmul_rn(w1, fmaxf(acc[4 * nt + 3], 0.f))));
+    }
 #pragma unroll
-    for (int u = 0; u < kWgSub; ++u) {
-      part[u][0] = part[u][1] = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < kHeadTiles; ++nt) {
-        const float w0 = sm.weights[nt * 8 + 2 * t], w1 = sm.weights[nt * 8 + 2 * t + 1];
-        part[u][0] = __fadd_rn(part[u][0], __fadd_rn(__fmul_rn(w0, fmaxf(acc[u][4 * nt], 0.f)), __fmul_rn(w1, fmaxf(acc[u][4 * nt + 1], 0.f))));
-        part[u][1] = __fadd_rn(part[u][1], __fadd_rn(__fmul_rn(w0, fmaxf(acc[u][4 * nt + 2], 0.f)), __fmul_rn(w1, fmaxf(acc[u][4 * nt + 3], 0.f))));
-      }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        part[u][half] = __fadd_rn(part[u][half], __shfl_xor_sync(0xffffffffu, part[u][half], 1));
-        part[u][half] = __fadd_rn(part[u][half], __shfl_xor_sync(0xffffffffu, part[u][half], 2));
-      }
+    for (int half = 0; half < 2; ++half) {
+      part[half] = __fadd_rn(part[half], __shfl_xor_sync(0xffffffffu, part[half], 1));
+      part[half] = __fadd_rn(part[half], __shfl_xor_sync(0xffffffffu, part[half], 2));
     }
     if (t == 0) {
-      const int n_rows = cb_rows;
-#pragma unroll
-      for (int u = 0; u < kWgSub; ++u) {
-        const int row0 = (tile - sm.tile_start[cb]) * kWgRows + u * 64 + warp * 16;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int s = row0 + g + half * 8;
-          if (s < n_rows)
-            a.logits[static_cast<long long>(cb) * a.N + s] =
-                __fadd_rn(__fmul_rn(part[u][half], sm.scales[st][u][warp][half * 8 + g]), 0.0f);  // -0.0 -> +0.0
-        }
-      }
+      const int n_rows = sm.rows[cb];
+      const int row0 = (tile - sm.tile_start[cb]) * kWsRows + warp * 16 + g;
+      float* out = a.logits + static_cast<long long>(cb) * a.N;
+      if (row0 < n_rows) out[row0] = __fadd_rn(__fmul_rn(part[0], sc0), 0.0f);  // -0.0 -> +0.0
+      if (row0 + 8 < n_rows) out[row0 + 8] = __fadd_rn(__fmul_rn(part[1], sc1), 0.0f);
     }
   }
-  cp_async_wait<0>();
 }
 
 // --------------------------------------------------------------------------------------- top-k
@@ -527,10 +539,10 @@ __global__ void __launch_bounds__(kScoreWarps * 32, kWgCtasPerSm) indexer_score_
 // rows of that bin (a few hundred at decode shapes) into a candidate list, and two 10-bit passes
 // over the candidates alone find the exact K-th key. Only when the threshold bin overflows the
 // candidate list (massive ties) do those two passes read every row again. The rows above the K-th
-// key and the rows equal to it are then ordered by (score descending, row ascending) with a bitonic
-// network in shared memory, so the first K are the selection rule of indexer.hpp, a pure function
-// of the scores. When the rows equal to the K-th key overflow the network's capacity, the
-// lowest-id ties are taken by an ordered block scan instead.
+// key and the rows equal to it are then ordered by (score descending, row ascending) -- 32-key runs
+// sorted in registers, then every key placed by its rank over all runs -- so the first K are the
+// selection rule of indexer.hpp, a pure function of the scores. When the rows equal to the K-th
+// key overflow the sort's capacity, the lowest-id ties are taken by an ordered block scan instead.
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkSmemRows = 32768;  // 128 KiB of staged keys
 constexpr int kTopkBins = 4096;       // first digit: key bits 31..20
@@ -550,7 +562,6 @@ struct TopkSmem {
   std::uint32_t cand_key[kTopkCandCap];
   std::int32_t cand_row[kTopkCandCap];
   unsigned long long picked[kSortCap];  // (~key << 32) | row: ascending = the rule's order
-  unsigned long long counts;  // first compaction: rows of higher bins | threshold-bin rows << 32
   int count;      // picked so far
   int cand;       // rows of the threshold bin (may exceed kTopkCandCap)
   int bin;        // the threshold digit of the last find
@@ -597,6 +608,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
   S& sm = *reinterpret_cast<S*>(topk_smem);
   std::uint32_t* staged = reinterpret_cast<std::uint32_t*>(topk_smem) + (sizeof(S) + 15) / 16 * 4;  // [min(N, kTopkSmemRows)]
   const int b = blockIdx.x, tid = threadIdx.x;
+  grid_dependency_sync();
   const long long n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
   std::int32_t* out = a.topk_local + static_cast<long long>(b) * a.k;
   if (n_c <= a.k) {  // short context: every row in order
@@ -615,7 +627,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
     else return order_key(__ldg(scores + i));
   };
   for (int i = tid; i < kTopkBins; i += kTopkThreads) sm.hist[i] = 0;
-  if (tid == 0) { sm.counts = 0; sm.eq_base = 0; }
+  if (tid == 0) { sm.count = 0; sm.cand = 0; sm.eq_base = 0; }
   __syncthreads();
   // The first histogram while the keys are staged (one read of the scores): each thread's loads
   // of a batch are all in flight before its first atomic.
@@ -644,8 +656,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
     return (static_cast<unsigned long long>(~u) << 32) | static_cast<unsigned>(i);
   };
   // Higher bins: picked (exactly kk - rem1 rows < K <= kSortCap). The threshold bin: candidates.
-  // Each warp takes 4 x 32 rows per step and reserves room for both lists with one 64-bit shared
-  // atomic (candidates in the high word): the atomic's round trip is the loop's latency.
+  // Each warp takes 4 x 32 rows per step and reserves room in both lists at once.
   constexpr int kChunks = 4;
   const int lane = tid & 31;
   const unsigned lower = (1u << lane) - 1u;
@@ -663,11 +674,13 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
       ng += __popc(mg[c]);
       ne += __popc(me[c]);
     }
-    unsigned long long base = 0;
-    if (lane == 0 && (ng | ne))
-      base = atomicAdd(&sm.counts, (static_cast<unsigned long long>(ne) << 32) | static_cast<unsigned>(ng));
-    base = __shfl_sync(0xffffffffu, base, 0);
-    int pg = static_cast<int>(base & 0xFFFFFFFFull), pe = static_cast<int>(base >> 32);
+    int pg = 0, pe = 0;
+    if (lane == 0) {  // two independent 32-bit atomics (a 64-bit one is a compare-and-swap loop)
+      if (ng) pg = atomicAdd(&sm.count, ng);
+      if (ne) pe = atomicAdd(&sm.cand, ne);
+    }
+    pg = __shfl_sync(0xffffffffu, pg, 0);
+    pe = __shfl_sync(0xffffffffu, pe, 0);
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int i = i0 + c * kTopkThreads + tid;
@@ -678,8 +691,6 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
       pe += __popc(me[c]);
     }
   }
-  __syncthreads();
-  if (tid == 0) { sm.count = static_cast<int>(sm.counts & 0xFFFFFFFFull); sm.cand = static_cast<int>(sm.counts >> 32); }
   __syncthreads();
   // Two 10-bit passes over the threshold bin's rows: the candidate list, or every row when it
   // overflowed (then filtered by the first digit).
@@ -722,52 +733,44 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
   }
   __syncthreads();
   const int total = sort_ties ? above + equal : above;
-  int width = 2;
-  while (width < total) width <<= 1;
-  for (int i = total + tid; i < width; i += kTopkThreads) sm.picked[i] = ~0ull;
+  const int runs = (total + 31) / 32;
+  for (int i = total + tid; i < runs * 32; i += kTopkThreads) sm.picked[i] = ~0ull;
   __syncthreads();
-  // Bitonic network, ascending, over [0, width): keys are distinct (the row is part of them).
-  if (width <= kTopkThreads) {
-    // One key per thread: partners within a warp by shuffle, farther ones through shared memory.
-    // Threads at or past `width` hold ~0 and pair only with each other (width is a power of two).
-    unsigned long long v = tid < width ? sm.picked[tid] : ~0ull;
-    for (int k = 2; k <= width; k <<= 1)
+  // Ascending order of the picked keys (distinct: the row is part of them). Each warp sorts 32-key
+  // runs with a bitonic network in registers; then a key's place is the number of smaller keys in
+  // all runs (a binary search per run, its own included), and its row is written there. One block
+  // barrier instead of one per network stage; the padding (~0) places after every real key.
+  const int warp = tid >> 5;
+  for (int r = warp; r < runs; r += kTopkThreads / 32) {
+    unsigned long long v = sm.picked[r * 32 + lane];
+    for (int k = 2; k <= 32; k <<= 1)
       for (int j = k >> 1; j > 0; j >>= 1) {
-        unsigned long long other;
-        if (j >= 32) {
-          __syncthreads();  // the previous exchange's reads are done
-          sm.picked[tid] = v;
-          __syncthreads();
-          other = sm.picked[tid ^ j];
-        } else {
-          other = __shfl_xor_sync(0xffffffffu, v, j);
-        }
-        const bool keep_min = ((tid & j) == 0) == ((tid & k) == 0);
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, v, j);
+        const bool keep_min = ((lane & j) == 0) == ((lane & k) == 0);
         v = keep_min ? (other < v ? other : v) : (other > v ? other : v);
       }
-    __syncthreads();
-    if (tid < width) sm.picked[tid] = v;
-    __syncthreads();
-  } else {
-    for (int k = 2; k <= width; k <<= 1)
-      for (int j = k >> 1; j > 0; j >>= 1) {
-        for (int i = tid; i < width; i += kTopkThreads) {
-          const int p = i ^ j;
-          if (p > i) {
-            const unsigned long long x = sm.picked[i], y = sm.picked[p];
-            if ((x > y) == ((i & k) == 0)) { sm.picked[i] = y; sm.picked[p] = x; }
-          }
-        }
-        __syncthreads();
-      }
+    sm.picked[r * 32 + lane] = v;  // run r is this warp's alone until the barrier
   }
+  __syncthreads();
   const int sorted = sort_ties ? kk : above;
-  for (int i = tid; i < a.k; i += kTopkThreads) {
-    if (i < sorted) out[i] = static_cast<std::int32_t>(sm.picked[i] & 0xFFFFFFFFull);
-    else if (i >= kk) out[i] = -1;
+  for (int r = warp; r < runs; r += kTopkThreads / 32) {
+    const unsigned long long v = sm.picked[r * 32 + lane];
+    int place = 0;
+#pragma unroll 4
+    for (int q = 0; q < runs; ++q) {
+      const unsigned long long* run = sm.picked + q * 32;
+      int c = 0;  // keys of run q below v
+#pragma unroll
+      for (int step = 16; step > 0; step >>= 1)
+        if (run[c + step - 1] < v) c += step;
+      c += run[c] < v ? 1 : 0;
+      place += c;
+    }
+    if (place < sorted) out[place] = static_cast<std::int32_t>(v & 0xFFFFFFFFull);
   }
+  for (int i = kk + tid; i < a.k; i += kTopkThreads) out[i] = -1;
   if (!sort_ties) {
-    // Too many ties for the network: the `ties` lowest-id rows equal to the K-th key, in row order.
+    // Too many ties for the sort: the `ties` lowest-id rows equal to the K-th key, in row order.
     for (int c0 = 0; c0 < n; c0 += kTopkThreads) {
       const int i = c0 + tid;
       const bool eq = i < n && key_at(i) == kth;
@@ -781,6 +784,23 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
       __syncthreads();
     }
   }
+}
+
+// Launches with programmatic dependent launch allowed (the kernels call grid_dependency_sync()
+// before their first global access).
+template <class Kernel, class Args>
+void launch_pdl(Kernel k, dim3 grid, dim3 block, int smem, cudaStream_t stream, const Args& args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = attention::device_cc_major() >= 9 ? 1 : 0;  // the attribute needs sm_90
+  check_cuda(cudaLaunchKernelEx(&cfg, k, args), "cudaLaunchKernelEx(indexer)");
 }
 
 // Raises a kernel's dynamic shared memory limit once per device (kernel attributes are per device).
@@ -810,12 +830,25 @@ void launch_topk(const IndexerTopkArgs& a, cudaStream_t stream) {
   if (a.N <= kTopkSmemRows) {
     static bool done[64] = {};
     allow_dynamic_smem(topk_kernel<kSortCap, true>, base + kTopkSmemRows * 4, done, "cudaFuncSetAttribute(indexer top-k)");
-    topk_kernel<kSortCap, true><<<a.batch, kTopkThreads, base + static_cast<int>(a.N) * 4, stream>>>(a);
+    launch_pdl(topk_kernel<kSortCap, true>, dim3(a.batch), dim3(kTopkThreads), base + static_cast<int>(a.N) * 4, stream, a);
   } else {
     static bool done[64] = {};
     allow_dynamic_smem(topk_kernel<kSortCap, false>, base, done, "cudaFuncSetAttribute(indexer top-k)");
-    topk_kernel<kSortCap, false><<<a.batch, kTopkThreads, base, stream>>>(a);
+    launch_pdl(topk_kernel<kSortCap, false>, dim3(a.batch), dim3(kTopkThreads), base, stream, a);
   }
+}
+
+template <int C, int S, int M>
+void launch_score_ws(const IndexerScoreArgs& a, cudaStream_t stream) {
+  using Smem = WsScoreSmem<C, S>;
+  constexpr int bytes = static_cast<int>(sizeof(Smem));
+  static bool done[64] = {};
+  allow_dynamic_smem(indexer_score_wgmma_kernel<C, S, M>, bytes, done, "cudaFuncSetAttribute(indexer scores, wgmma)");
+  static int ctas[64] = {};  // per device, like the attribute
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  if (ctas[dev & 63] == 0) ctas[dev & 63] = resident_ctas(indexer_score_wgmma_kernel<C, S, M>, Smem::kThreads, bytes);
+  launch_pdl(indexer_score_wgmma_kernel<C, S, M>, dim3(ctas[dev & 63] * device_sm_count()), dim3(Smem::kThreads), bytes, stream, a);
 }
 
 void check_indexer_cache(const char* fn, const IndexerCache& c) {
@@ -878,26 +911,25 @@ void indexer_score(const IndexerScoreArgs& a, cudaStream_t stream) {
   if (a.batch > kMaxScoreBatch) bad_arg(fn, "batch (B)", a.batch, "1 .. " + std::to_string(kMaxScoreBatch));
   if (a.N == 0) return;
   const int major = attention::device_cc_major();
-  bool wgmma = major == 9;
+  // The sm_90a kernel copies 64-row tiles that lie in one cache block.
+  bool wgmma = major == 9 && a.cache.block_rows % kWsRows == 0;
   switch (a.engine) {
     case IndexerEngine::automatic: break;
     case IndexerEngine::mma_sync: wgmma = false; break;
     case IndexerEngine::wgmma:
       if (major != 9)
         bad_arg(fn, "engine = wgmma on compute capability major", major, "9 (sm_90a code); use automatic or mma_sync");
+      if (a.cache.block_rows % kWsRows != 0)
+        bad_arg(fn, "engine = wgmma with cache.block_rows", a.cache.block_rows,
+                "a multiple of " + std::to_string(kWsRows) + "; use automatic or mma_sync");
       wgmma = true;
       break;
   }
   if (wgmma) {
-    static bool done[64] = {};
-    allow_dynamic_smem(indexer_score_wgmma_kernel, static_cast<int>(sizeof(WgScoreSmem)), done,
-                       "cudaFuncSetAttribute(indexer scores, wgmma)");
-    static int ctas[64] = {};  // per device, like the attribute
-    int dev = 0;
-    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-    if (ctas[dev & 63] == 0)
-      ctas[dev & 63] = resident_ctas(indexer_score_wgmma_kernel, kScoreWarps * 32, static_cast<int>(sizeof(WgScoreSmem)));
-    indexer_score_wgmma_kernel<<<ctas[dev & 63] * device_sm_count(), kScoreWarps * 32, sizeof(WgScoreSmem), stream>>>(a);
+    // Two consumer warpgroups and 8 stages, two CTAs per multiprocessor (3 x 12 stages, 4 x 12
+    // and 2 x 6 measured within 3 % of it; consumers that keep two tiles in flight, one CTA per
+    // multiprocessor for their registers, measured 11 % slower).
+    launch_score_ws<2, 8, 2>(a, stream);
   } else {
     // Two CTAs per multiprocessor (what the registers allow): every warp's run is long enough to
     // keep its copy pipeline full.
@@ -934,7 +966,7 @@ void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream) {
   require_ptr(fn, "seq_lens", a.seq_lens);
   require_ptr(fn, "topk_local", a.topk_local);
   if (a.N > 0) require_ptr(fn, "logits", a.logits);
-  // The network holds the rows above the K-th key and, usually, its ties: room for 2K.
+  // The sort holds the rows above the K-th key and, usually, its ties: room for 2K.
   if (a.k <= 512)
     launch_topk<1024>(a, stream);
   else if (a.k <= 1024)

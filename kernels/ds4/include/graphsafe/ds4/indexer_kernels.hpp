@@ -23,11 +23,14 @@ void indexer_compress_insert(const float* kv_state, const float* score_state, co
                              const float* norm_weight, float rope_theta, float eps, IndexerCache cache,
                              cudaStream_t stream);
 
-// Which tensor-core path computes the scores. wgmma (sm_90a): the fp8 key bytes widened to f16 once
-// in registers, wgmma m64n64k16 against the queries widened to f16 in shared memory (fp8 wgmma is not
-// used: its accumulator keeps fewer bits than the fp32 that the reference's tolerance assumes).
+// Which tensor-core path computes the scores. wgmma (sm_90a): a producer warp bulk-copies 64-row
+// tiles of keys into a shared-memory ring, consumer warpgroups widen the fp8 key bytes to f16 once
+// in registers and run wgmma m64n64k16 against the queries widened to f16 in shared memory (fp8
+// wgmma is not used: its accumulator keeps fewer bits than the fp32 that the reference's tolerance
+// assumes); it needs cache.block_rows to be a multiple of 64 (a tile lies in one block).
 // mma_sync (sm_89+): mma.sync m16n8k32 e4m3, which sm_90 runs as HMMA after widening both operands
-// in the instruction stream. automatic: wgmma on compute capability 9.x, else mma_sync.
+// in the instruction stream. automatic: wgmma on compute capability 9.x when block_rows allows it,
+// else mma_sync.
 enum class IndexerEngine { automatic, mma_sync, wgmma };
 
 struct IndexerScoreArgs {
@@ -65,9 +68,10 @@ struct IndexerTopkArgs {
   std::int32_t* topk_local = nullptr;          // out [B, K]
 };
 // One CTA per request: a radix select of the K-th best score (a 12-bit histogram over every row,
-// then two 10-bit passes over the rows of the threshold bin only), then a sorting network orders the
-// picked rows (the selection rule of indexer.hpp). Needs no workspace beyond the logits. Rows past
-// min(n_c, N) are never read.
+// then two 10-bit passes over the rows of the threshold bin only), then the picked rows are
+// ordered (32-row runs sorted in registers, each row placed by its rank over the runs: the
+// selection rule of indexer.hpp). Needs no workspace beyond the logits. Rows past min(n_c, N) are
+// never read.
 void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream);
 
 }  // namespace cuda
