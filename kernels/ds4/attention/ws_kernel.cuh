@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(const Params p) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   // Queries first (consumer threads): their loads do not depend on the lengths, so they overlap
-  // the length and index loads instead of following them.
+  // the length and index loads instead of following them (they are on the first tile's critical
+  // path: issuing them only after the producer's first row loads measured 0.7 us per layer slower).
   // Consumer warp cw loads heads 8 cw + lane % 8, 16-byte chunks lane / 8 + 4 i; stored into the
   // canonical layout once the consumers own their registers. Plain loads + st.shared, no cp.async:
   // every shared-memory write of this kernel is an ordinary store, which compute-sanitizer
