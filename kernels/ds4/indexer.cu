@@ -347,38 +347,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_f16_rs(float (&d)[32], std::uint
 #endif
 }
 
-// Programmatic dependent launch (launch_pdl): wait until the previous kernel of the stream has
-// finished and its writes are visible, then let the next kernel launch, so its CTAs take the
-// multiprocessors this grid frees and run up to their own wait (the launch gap between back-to-back
-// kernels is hidden). Both are no-ops without the launch attribute.
-__device__ __forceinline__ void grid_dependency_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ bool mbar_try_wait(std::uint64_t* bar, unsigned parity) {
-  std::uint32_t ok;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-  return ok != 0;
-}
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
-  while (!mbar_try_wait(bar, parity)) {
-  }
-}
-__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-// `bytes` (a multiple of 16) from global to shared memory, counted on `bar`'s transaction count.
-__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_u32(smem)),
-               "l"(gmem), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
 // A named barrier of one consumer warpgroup (id 0 is __syncthreads').
 __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");

@@ -49,8 +49,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(const Params p) {
   // and flush here. Then the next kernel may be launched: its CTAs take the SMs ours free and run
   // up to their own wait, which hides the launch gap between back-to-back kernels. Both are
   // no-ops without the attribute.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  grid_dependency_sync();
   // Queries first (consumer threads): their loads do not depend on the lengths, so they overlap
   // the length and index loads instead of following them (they are on the first tile's critical
   // path: issuing them only after the producer's first row loads measured 0.7 us per layer slower).
