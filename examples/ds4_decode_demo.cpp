@@ -6,9 +6,9 @@
 // graphsafe:
 //   --path paged   (default) the paged-direct path: on C4 layers the lightning indexer
 //                  (graphsafe::ds4::IndexerDecode: scores on fp8 tensor cores, top-k) picks the
-//                  compressed rows, then graphsafe::ds4::PagedDecode combines the paged indices and
-//                  attends straight from the fp8 caches. The indexer's logits row stride N is the
-//                  size a graph freezes.
+//                  compressed rows and writes them as the attention's paged index lists, then
+//                  graphsafe::ds4::PagedDecode attends straight from the fp8 caches. The indexer's
+//                  logits row stride N is the size a graph freezes.
 //   --path gather  the gather-to-workspace path (graphsafe::ds4::GatherDecode: combine indices,
 //                  gather the fp8 caches into a bf16 workspace [R, N + G, 512], sparse attention with
 //                  sink), the path whose frozen N and G overwrite rows when sized at capture.
@@ -549,8 +549,10 @@ class CudaEngine final : public Engine {
         continue;
       }
       const ds4::cuda::DeviceProblem& v = paged_views_[l][bi];
-      if (t == 1) ix_->run(st_, v, ix_in_[l], b, v.topk_local);
-      pd_[t]->run(st_, v, b, out + out_elems_ * l);
+      if (t == 1)  // the indexer's top-k writes the attention's index lists (no combine launch)
+        pd_[t]->run(st_, v, *ix_, ix_in_[l], b, out + out_elems_ * l);
+      else
+        pd_[t]->run(st_, v, b, out + out_elems_ * l);
     }
   }
   void poison(int bi, bool graph) override {
@@ -870,21 +872,14 @@ class HostEngine final : public Engine {
     });
   }
 
-  // One layer of the paged path: the sizes of ds4::IndexerDecode::run (C4) and ds4::PagedDecode::run.
+  // One layer of the paged path, its requests in ds4::PagedDecode::run's order: the index lists, then
+  // (C4) the indexer's logits, released before the attention (the host attention needs no split-K
+  // partials).
   void paged_layer(ds4::DecodeProblem& p, const ds4::ref::IndexerInputs* in, const Bindings& b, float* out) {
     Arena& arena = *arena_;
     const ds4::LayerConfig& cfg = p.cfg;
     const Extent Rx(syms_.requests);
     ds4::DecodeProblem* pp = &p;
-    if (in != nullptr) {
-      const Extent rows = max_over(syms_.seq_lens, [](const Extent& l) { return floor_div(l, ds4::kIndexerRatio); });
-      const std::int64_t N = arena.dimension(hs_, "ds4.indexer.rows", rows, ds4::compressed_rows_policy(sizing_), b);
-      auto logits = arena.request(hs_, "ds4.indexer.logits", static_cast<std::int64_t>(p.batch) * N, sizeof(float),
-                                  capacity_bound, b);
-      float* lp = logits.as<float>();
-      const std::int64_t logit_rows = static_cast<std::int64_t>(p.batch) * N;
-      hs_.launch([pp, in, N, lp, logit_rows] { host_indexer(*pp, *in, N, lp, logit_rows); });
-    }
     const int cw = std::max(cfg.compressed_width(), 1);
     auto cmp_idx = arena.request(hs_, "ds4.paged.cmp_idx", Rx * cw, 4, capacity_bound, b);
     auto cmp_lens = arena.request(hs_, "ds4.paged.cmp_lens", Rx, 4, capacity_bound, b);
@@ -895,6 +890,15 @@ class HostEngine final : public Engine {
     std::int32_t* cl = cmp_lens.as<std::int32_t>();
     std::int32_t* si = swa_idx.as<std::int32_t>();
     std::int32_t* sl = swa_lens.as<std::int32_t>();
+    if (in != nullptr) {
+      const Extent rows = max_over(syms_.seq_lens, [](const Extent& l) { return floor_div(l, ds4::kIndexerRatio); });
+      const std::int64_t N = arena.dimension(hs_, "ds4.indexer.rows", rows, ds4::compressed_rows_policy(sizing_), b);
+      auto logits = arena.request(hs_, "ds4.indexer.logits", static_cast<std::int64_t>(p.batch) * N, sizeof(float),
+                                  capacity_bound, b);
+      float* lp = logits.as<float>();
+      const std::int64_t logit_rows = static_cast<std::int64_t>(p.batch) * N;
+      hs_.launch([pp, in, N, lp, logit_rows] { host_indexer(*pp, *in, N, lp, logit_rows); });
+    }
     hs_.launch([pp, ci, cl, si, sl, out] {
       ds4::ref::combine_paged(*pp, ci, cl, si, sl);
       host_paged_attention(*pp, ci, cl, si, sl, out);

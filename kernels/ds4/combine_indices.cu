@@ -5,6 +5,7 @@
 #include <graphsafe/ds4/kernels.hpp>
 
 #include "cuda_support.cuh"
+#include "paged_index.cuh"
 #include "ragged_rows.cuh"
 
 #include <climits>
@@ -24,32 +25,18 @@ __global__ void __launch_bounds__(256) combine_paged_kernel(const PagedIndexArgs
   const int L = L_req > 0 ? max(L_req - a.query_tokens + 1 + row % a.query_tokens, 0) : 0;
   const int n_c = a.ratio > 1 ? L / a.ratio : 0;
   const int topk_len = a.ratio == 4 ? min(n_c, a.topk) : (a.ratio > 1 ? min(n_c, a.cmp_width) : 0);
-  const int swa = min(L, a.window);
-  const int p = L - 1;
   if (a.cmp_idx != nullptr) {
     for (int i = threadIdx.x; i < a.cmp_width; i += blockDim.x) {
       int v = -1;
       if (i < topk_len) {
         const int c = a.ratio == 4 ? a.topk_local[static_cast<long long>(row) * a.topk + i] : i;
-        if (c >= 0) {
-          const int blk = a.cmp_block_table[static_cast<long long>(b) * a.cmp_blocks_per_req + c / a.cmp_block_entries];
-          if (blk >= 0) v = blk * a.cmp_block_entries + c % a.cmp_block_entries;
-        }
+        if (c >= 0) v = paged_cmp_slot(a, b, c);
       }
       a.cmp_idx[static_cast<long long>(row) * a.cmp_width + i] = v;
     }
     if (threadIdx.x == 0) a.cmp_lens[row] = topk_len;
   }
-  for (int i = threadIdx.x; i < a.window; i += blockDim.x) {
-    int v = -1;
-    if (i < swa) {
-      const int pos = p - swa + 1 + i;
-      const int blk = a.swa_block_table[static_cast<long long>(b) * a.swa_blocks_per_req + pos / a.swa_block_tokens];
-      if (blk >= 0) v = blk * a.swa_block_tokens + pos % a.swa_block_tokens;
-    }
-    a.swa_idx[static_cast<long long>(row) * a.window + i] = v;
-  }
-  if (threadIdx.x == 0) a.swa_lens[row] = swa;
+  write_swa_list(a, row, b, L);
 }
 
 constexpr int kCombineGatherThreads = 256;
@@ -82,26 +69,7 @@ __global__ void __launch_bounds__(kCombineGatherThreads) combine_gather_kernel(c
 
 void combine_paged(const PagedIndexArgs& a, cudaStream_t stream) {
   const char* fn = "combine_paged";
-  require_batch(fn, a.batch);
-  require_ratio(fn, a.ratio);
-  if (a.window <= 0) bad_arg(fn, "window", a.window, ">= 1");
-  require_query_tokens(fn, a.query_tokens);
-  if (static_cast<long long>(a.batch) * a.query_tokens > INT_MAX)
-    bad_arg(fn, "batch * query_tokens", static_cast<long long>(a.batch) * a.query_tokens, "<= 2^31-1 (query rows)");
-  require_ptr(fn, "seq_lens", a.seq_lens);
-  require_ptr(fn, "swa_block_table", a.swa_block_table);
-  require_ptr(fn, "swa_idx", a.swa_idx);
-  require_ptr(fn, "swa_lens", a.swa_lens);
-  if (a.swa_block_tokens <= 0) bad_arg(fn, "swa_block_tokens", a.swa_block_tokens, ">= 1");
-  if (a.ratio > 1 && a.cmp_idx != nullptr) {
-    require_ptr(fn, "cmp_lens", a.cmp_lens);
-    require_ptr(fn, "cmp_block_table", a.cmp_block_table);
-    if (a.cmp_block_entries <= 0) bad_arg(fn, "cmp_block_entries", a.cmp_block_entries, "256 / ratio");
-    if (a.ratio == 4) {
-      require_ptr(fn, "topk_local", a.topk_local);
-      if (a.cmp_width < a.topk) bad_arg(fn, "cmp_width", a.cmp_width, ">= topk for C4");
-    }
-  }
+  check_paged_index_args(fn, a);
   PagedIndexArgs k = a;
   if (a.ratio == 1) k.cmp_idx = nullptr;
   combine_paged_kernel<<<a.batch * a.query_tokens, 256, 0, stream>>>(k);

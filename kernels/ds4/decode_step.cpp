@@ -1,4 +1,5 @@
 #include <graphsafe/ds4/decode_step.hpp>
+#include <graphsafe/ds4/indexer_step.hpp>
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/paged_attention.hpp>
 #include <graphsafe/error.hpp>
@@ -167,6 +168,22 @@ StepSizes PagedDecode::run(Stream s, const cuda::DeviceProblem& d, const Binding
   StepSizes z;
   z.workspace_bytes = w.bytes();
   return z;  // as GatherDecode::run: the workspaces go back (to the capture when capturing)
+}
+
+StepSizes PagedDecode::run(Stream s, const cuda::DeviceProblem& d, IndexerDecode& indexer,
+                           const cuda::DeviceIndexerInputs& inputs, const Bindings& b, std::uint16_t* out) {
+  if (cfg_.ratio != kIndexerRatio)
+    throw invalid_argument_error("ds4::PagedDecode::run: ratio = " + std::to_string(cfg_.ratio) +
+                                 " has no indexer; only C4 layers (ratio 4) do");
+  const PagedAttention op(AttentionProblem{cfg_});
+  AttentionWorkspaces w = op.request_lists(arena_, s, syms_, b);
+  const AttentionArguments args = arguments_of(d, out);
+  const IndexerSizes ix = indexer.run(s, d, inputs, b, op.index_args(args, w));  // its logits go back here
+  op.request_partials(w, arena_, s, syms_, b);
+  op.attend(args, w, s.cuda());
+  StepSizes z;
+  z.workspace_bytes = w.bytes() + ix.workspace_bytes;
+  return z;
 }
 
 }  // namespace graphsafe::ds4

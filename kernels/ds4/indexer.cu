@@ -13,6 +13,7 @@
 #include <graphsafe/ds4/kernels.hpp>
 
 #include "cuda_support.cuh"
+#include "paged_index.cuh"
 
 #include <cub/block/block_scan.cuh>
 
@@ -503,18 +504,20 @@ __global__ void __launch_bounds__(kWsConsumers * 128 + 32, kMinCtas) indexer_sco
 // order keys (when the row stride N fits kTopkSmemRows; otherwise every pass reads them from global
 // memory / L2). A radix select finds the K-th largest key: a histogram of the top 12 bits over every
 // row (4096 bins in shared memory), a block scan from the top bin finds the bin holding the K-th
-// key; one more pass sends the rows of higher bins straight to the picked list and compacts the
-// rows of that bin (a few hundred at decode shapes) into a candidate list, and two 10-bit passes
-// over the candidates alone find the exact K-th key. Only when the threshold bin overflows the
-// candidate list (massive ties) do those two passes read every row again. The rows above the K-th
-// key and the rows equal to it are then ordered by (score descending, row ascending) -- 32-key runs
-// sorted in registers, then every key placed by its rank over all runs -- so the first K are the
-// selection rule of indexer.hpp, a pure function of the scores. When the rows equal to the K-th
-// key overflow the sort's capacity, the lowest-id ties are taken by an ordered block scan instead.
+// key; one pass compacts the rows of that bin (a few hundred at decode shapes) into a candidate
+// list, and two 10-bit passes over the candidates alone find the exact K-th key and how many of
+// its ties are taken (the lowest rows). Only when the threshold bin overflows the candidate list
+// (massive ties) do those two passes read every row again.
+// The output needs no sort: the compaction pass also records, as a bitmap of the rows (one 32-bit
+// word per warp and 32 rows: its ballot), the rows of higher bins; the candidates above the K-th
+// key join it and its ties go to a second bitmap. One block scan of the words' bit counts then
+// gives every picked row its place in ascending row order (the selection rule of indexer.hpp).
 constexpr int kTopkThreads = 1024;
-constexpr int kTopkSmemRows = 32768;  // 128 KiB of staged keys
-constexpr int kTopkBins = 4096;       // first digit: key bits 31..20
-constexpr int kTopkCandCap = 4096;    // rows of the threshold bin kept for the 10-bit passes
+constexpr int kTopkSmemRows = 32768;   // 128 KiB of staged keys
+constexpr int kTopkMaxRows = 1 << 19;  // row stride limit: the two row bitmaps take 128 KiB
+constexpr int kTopkBins = 4096;        // first digit: key bits 31..20
+constexpr int kTopkCandCap = 4096;     // rows of the threshold bin kept for the 10-bit passes
+constexpr int kTopkTableCap = 1024;    // block-table entries staged for the paged lists
 
 // Float bits mapped so that unsigned order is float order (the scores carry no NaN; -0 is +0).
 __device__ __forceinline__ std::uint32_t order_key(float f) {
@@ -522,30 +525,32 @@ __device__ __forceinline__ std::uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-template <int kSortCap>
+// Followed in dynamic shared memory by the bitmaps above[words] and equal[words] (words =
+// ceil(N / 32)) and, when staged, the keys [N].
 struct TopkSmem {
   using Scan = cub::BlockScan<int, kTopkThreads>;
   typename Scan::TempStorage scan;
   int hist[kTopkBins];
   std::uint32_t cand_key[kTopkCandCap];
   std::int32_t cand_row[kTopkCandCap];
-  unsigned long long picked[kSortCap];  // (~key << 32) | row: ascending = the rule's order
-  int count;      // picked so far
+  std::int32_t picked[kIndexerMaxTopk];  // the picks in row order, before they are written out
+  std::int32_t table[kTopkTableCap];     // the request's first compressed blocks (start_lists)
+  int table_blocks;                      // how many of them
   int cand;       // rows of the threshold bin (may exceed kTopkCandCap)
   int bin;        // the threshold digit of the last find
   int remaining;  // rows still to take from that digit
-  int eq_base;
 };
+__host__ __device__ constexpr int topk_smem_base() { return static_cast<int>((sizeof(TopkSmem) + 15) / 16 * 16); }
+__host__ __device__ constexpr long long topk_bitmap_words(long long N) { return (N + 127) / 128 * 4; }  // 16-byte multiple
 
 // The digit (of `bins`, from the top) holding the `need`-th largest key, from a histogram in
 // sm.hist: sm.bin = the digit, sm.remaining = how many keys of that digit the selection takes.
-template <class S>
-__device__ __forceinline__ void find_threshold(S& sm, int bins, int need) {
+__device__ __forceinline__ void find_threshold(TopkSmem& sm, int bins, int need) {
   const int per = bins / kTopkThreads;  // 4 or 1 bins per thread, thread 0 the highest
   int c[4] = {0, 0, 0, 0}, sum = 0;
   for (int j = 0; j < per; ++j) { c[j] = sm.hist[bins - 1 - threadIdx.x * per - j]; sum += c[j]; }
   int above = 0;
-  typename S::Scan(sm.scan).ExclusiveSum(sum, above);
+  TopkSmem::Scan(sm.scan).ExclusiveSum(sum, above);
   if (above < need && above + sum >= need) {
     for (int j = 0; j < per; ++j) {
       if (above + c[j] >= need) {
@@ -559,43 +564,91 @@ __device__ __forceinline__ void find_threshold(S& sm, int bins, int need) {
   __syncthreads();
 }
 
-// Appends the lanes' entries where `take` holds at sm.count (one shared atomic per warp).
-__device__ __forceinline__ int warp_append(int* counter, bool take) {
-  const unsigned m = __ballot_sync(0xffffffffu, take);
-  const int lane = threadIdx.x & 31;
-  int base = 0;
-  if (lane == 0 && m) base = atomicAdd(counter, __popc(m));
-  base = __shfl_sync(0xffffffffu, base, 0);
-  return base + __popc(m & ((1u << lane) - 1u));
+// The start of request b's paged lists, when the args carry them: the window list (it does not
+// depend on the selection) and the first `rows` compressed entries' blocks from the block table
+// into sm.table (up to kTopkTableCap blocks; later ones are read at the end), so their load
+// latency passes during the selection instead of after it.
+__device__ __forceinline__ void start_lists(const IndexerTopkArgs& a, TopkSmem& sm, int b, long long rows, int L) {
+  if (a.lists.cmp_idx == nullptr) return;
+  write_swa_list(a.lists, b, b, L);
+  const long long blocks = (rows + a.lists.cmp_block_entries - 1) / a.lists.cmp_block_entries;
+  const int staged = static_cast<int>(min(blocks, static_cast<long long>(min(kTopkTableCap, a.lists.cmp_blocks_per_req))));
+  for (int j = threadIdx.x; j < staged; j += blockDim.x)
+    sm.table[j] = a.lists.cmp_block_table[static_cast<long long>(b) * a.lists.cmp_blocks_per_req + j];
+  if (threadIdx.x == 0) sm.table_blocks = staged;
 }
 
-template <int kSortCap, bool kStaged>
+// Writes the `count` picks of request b (pick i: row picked(i)), then -1 up to K, to topk_local
+// and, when the args carry them, the compressed list as combine_paged would build it from
+// topk_local (the block's slot base + offset, -1 for an unmapped block) and its length
+// min(n_c, K). Needs start_lists and a block barrier after it.
+template <class Picked>
+__device__ __forceinline__ void write_picks(const IndexerTopkArgs& a, const TopkSmem& sm, int b, int count,
+                                            long long n_c, Picked picked) {
+  if (a.topk_local != nullptr)
+    for (int i = threadIdx.x; i < a.k; i += blockDim.x)
+      a.topk_local[static_cast<long long>(b) * a.k + i] = i < count ? picked(i) : -1;
+  if (a.lists.cmp_idx != nullptr) {
+    const int E = a.lists.cmp_block_entries;
+    for (int i = threadIdx.x; i < a.lists.cmp_width; i += blockDim.x) {
+      int v = -1;
+      if (i < count) {
+        const int c = picked(i), blk = c / E;
+        const int base = blk < sm.table_blocks ? sm.table[blk]
+                                               : a.lists.cmp_block_table[static_cast<long long>(b) * a.lists.cmp_blocks_per_req + blk];
+        v = base >= 0 ? base * E + c % E : -1;
+      }
+      a.lists.cmp_idx[static_cast<long long>(b) * a.lists.cmp_width + i] = v;
+    }
+    if (threadIdx.x == 0) a.lists.cmp_lens[b] = static_cast<int>(n_c < a.k ? n_c : a.k);
+  }
+}
+
+// The lowest `take` set bits of x (take <= popc(x)).
+__device__ __forceinline__ std::uint32_t lowest_bits(std::uint32_t x, int take) {
+  std::uint32_t r = 0;
+  for (int t = 0; t < take; ++t) {
+    r |= x & (0u - x);
+    x &= x - 1u;
+  }
+  return r;
+}
+
+template <bool kStaged>
 __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
-  using S = TopkSmem<kSortCap>;
   extern __shared__ uint4 topk_smem[];
-  S& sm = *reinterpret_cast<S*>(topk_smem);
-  std::uint32_t* staged = reinterpret_cast<std::uint32_t*>(topk_smem) + (sizeof(S) + 15) / 16 * 4;  // [min(N, kTopkSmemRows)]
-  const int b = blockIdx.x, tid = threadIdx.x;
+  TopkSmem& sm = *reinterpret_cast<TopkSmem*>(topk_smem);
+  const long long words_n = topk_bitmap_words(a.N);
+  std::uint32_t* above_bits = reinterpret_cast<std::uint32_t*>(topk_smem) + topk_smem_base() / 4;
+  std::uint32_t* equal_bits = above_bits + words_n;
+  std::uint32_t* staged = equal_bits + words_n;  // [min(N, kTopkSmemRows)] when kStaged
+  const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   grid_dependency_sync();
-  const long long n_c = max(a.seq_lens[b], 0) / kIndexerRatio;
-  std::int32_t* out = a.topk_local + static_cast<long long>(b) * a.k;
+  const int L = max(a.seq_lens[b], 0);
+  const long long n_c = L / kIndexerRatio;
   if (n_c <= a.k) {  // short context: every row in order
-    for (int i = tid; i < a.k; i += kTopkThreads) out[i] = i < n_c ? i : -1;
+    start_lists(a, sm, b, n_c, L);
+    __syncthreads();
+    write_picks(a, sm, b, static_cast<int>(n_c), n_c, [](int i) { return i; });
     return;
   }
   const int n = static_cast<int>(n_c < a.N ? n_c : a.N);  // rows past the stride were never scored
   const int kk = n < a.k ? n : a.k;
+  start_lists(a, sm, b, n, L);
   if (kk == 0) {  // N = 0: nothing was scored
-    for (int i = tid; i < a.k; i += kTopkThreads) out[i] = -1;
+    __syncthreads();
+    write_picks(a, sm, b, 0, n_c, [](int i) { return i; });
     return;
   }
+  const int words = (n + 31) / 32;
   const float* scores = a.logits + static_cast<long long>(b) * a.N;
   auto key_at = [&](int i) -> std::uint32_t {
     if constexpr (kStaged) return staged[i];
     else return order_key(__ldg(scores + i));
   };
   for (int i = tid; i < kTopkBins; i += kTopkThreads) sm.hist[i] = 0;
-  if (tid == 0) { sm.count = 0; sm.cand = 0; sm.eq_base = 0; }
+  for (int i = tid; i < words; i += kTopkThreads) equal_bits[i] = 0;
+  if (tid == 0) sm.cand = 0;
   __syncthreads();
   // The first histogram while the keys are staged (one read of the scores): each thread's loads
   // of a batch are all in flight before its first atomic.
@@ -619,43 +672,37 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
   __syncthreads();
   find_threshold(sm, kTopkBins, kk);
   const std::uint32_t d1 = static_cast<std::uint32_t>(sm.bin);
-  const int rem1 = sm.remaining;
-  auto pack = [](std::uint32_t u, int i) {
-    return (static_cast<unsigned long long>(~u) << 32) | static_cast<unsigned>(i);
-  };
-  // Higher bins: picked (exactly kk - rem1 rows < K <= kSortCap). The threshold bin: candidates.
-  // Each warp takes 4 x 32 rows per step and reserves room in both lists at once.
+  // The rows of higher bins into the bitmap (each warp's ballot over 32 consecutive rows is one
+  // word), the threshold bin's rows into the candidate list (room reserved with one atomic per
+  // warp and step of 4 x 32 rows).
   constexpr int kChunks = 4;
-  const int lane = tid & 31;
   const unsigned lower = (1u << lane) - 1u;
   for (int i0 = 0; i0 < n; i0 += kChunks * kTopkThreads) {  // warp-uniform trip count for the ballots
     std::uint32_t u[kChunks];
-    unsigned mg[kChunks], me[kChunks];
-    int ng = 0, ne = 0;
+    unsigned me[kChunks];
+    int ne = 0;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {  // every load before the first bitmap store (which may alias)
+      const int i = i0 + c * kTopkThreads + tid;
+      u[c] = i < n ? key_at(i) : 0u;
+    }
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int i = i0 + c * kTopkThreads + tid;
-      u[c] = i < n ? key_at(i) : 0u;
       const std::uint32_t d = u[c] >> 20;
-      mg[c] = __ballot_sync(0xffffffffu, i < n && d > d1);
+      const unsigned mg = __ballot_sync(0xffffffffu, i < n && d > d1);
       me[c] = __ballot_sync(0xffffffffu, i < n && d == d1);
-      ng += __popc(mg[c]);
+      const int word = (i0 + c * kTopkThreads + warp * 32) >> 5;
+      if (lane == 0 && word < words) above_bits[word] = mg;
       ne += __popc(me[c]);
     }
-    int pg = 0, pe = 0;
-    if (lane == 0) {  // two independent 32-bit atomics (a 64-bit one is a compare-and-swap loop)
-      if (ng) pg = atomicAdd(&sm.count, ng);
-      if (ne) pe = atomicAdd(&sm.cand, ne);
-    }
-    pg = __shfl_sync(0xffffffffu, pg, 0);
+    int pe = 0;
+    if (lane == 0 && ne) pe = atomicAdd(&sm.cand, ne);
     pe = __shfl_sync(0xffffffffu, pe, 0);
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
-      const int i = i0 + c * kTopkThreads + tid;
-      if ((mg[c] >> lane) & 1u) sm.picked[pg + __popc(mg[c] & lower)] = pack(u[c], i);
       const int at = pe + __popc(me[c] & lower);
-      if (((me[c] >> lane) & 1u) && at < kTopkCandCap) { sm.cand_key[at] = u[c]; sm.cand_row[at] = i; }
-      pg += __popc(mg[c]);
+      if (((me[c] >> lane) & 1u) && at < kTopkCandCap) { sm.cand_key[at] = u[c]; sm.cand_row[at] = i0 + c * kTopkThreads + tid; }
       pe += __popc(me[c]);
     }
   }
@@ -664,94 +711,71 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(IndexerTopkArgs a) {
   // overflowed (then filtered by the first digit).
   const bool listed = sm.cand <= kTopkCandCap;
   const int m = listed ? sm.cand : n;
-  auto cand_at = [&](int j, std::uint32_t& u) -> bool {
-    if (listed) { u = sm.cand_key[j]; return true; }
-    u = key_at(j);
-    return (u >> 20) == d1;
-  };
   std::uint32_t prefix = d1 << 20;
-  int need = rem1;
+  int need = sm.remaining;
   for (int shift = 10; shift >= 0; shift -= 10) {
+    __syncthreads();  // sm.bin / sm.remaining / the histogram are rewritten next
     for (int i = tid; i < 1024; i += kTopkThreads) sm.hist[i] = 0;
     __syncthreads();
     const std::uint32_t pmask = ~((1u << (shift + 10)) - 1u);
     for (int j = tid; j < m; j += kTopkThreads) {
-      std::uint32_t u;
-      if (cand_at(j, u) && (u & pmask) == prefix) atomicAdd(&sm.hist[(u >> shift) & 1023u], 1);
+      const std::uint32_t u = listed ? sm.cand_key[j] : key_at(j);
+      if ((u & pmask) == prefix) atomicAdd(&sm.hist[(u >> shift) & 1023u], 1);
     }
     __syncthreads();
     find_threshold(sm, 1024, need);
     prefix |= static_cast<std::uint32_t>(sm.bin) << shift;
     need = sm.remaining;
-    __syncthreads();  // sm.bin / sm.remaining / the histogram are rewritten next
   }
   const std::uint32_t kth = prefix;  // the kk-th largest key
   const int ties = need;             // rows equal to it that are taken (the lowest ids)
-  const int above = kk - ties;       // rows with a larger key, exactly
-  const int equal = sm.hist[kth & 1023u];  // rows equal to the kk-th key
-  const bool sort_ties = above + equal <= kSortCap;
-  // The threshold bin's rows above the K-th key (and the ties, when they fit) join the picked list.
-  for (int j0 = 0; j0 < m; j0 += kTopkThreads) {
-    const int j = j0 + tid;
-    std::uint32_t u = 0;
-    const bool in = j < m && cand_at(j, u);
-    const bool take = in && (u > kth || (sort_ties && u == kth));
-    const int p = warp_append(&sm.count, take);
-    if (take) sm.picked[p] = pack(u, listed ? sm.cand_row[j] : j);
-  }
-  __syncthreads();
-  const int total = sort_ties ? above + equal : above;
-  const int runs = (total + 31) / 32;
-  for (int i = total + tid; i < runs * 32; i += kTopkThreads) sm.picked[i] = ~0ull;
-  __syncthreads();
-  // Ascending order of the picked keys (distinct: the row is part of them). Each warp sorts 32-key
-  // runs with a bitonic network in registers; then a key's place is the number of smaller keys in
-  // all runs (a binary search per run, its own included), and its row is written there. One block
-  // barrier instead of one per network stage; the padding (~0) places after every real key.
-  const int warp = tid >> 5;
-  for (int r = warp; r < runs; r += kTopkThreads / 32) {
-    unsigned long long v = sm.picked[r * 32 + lane];
-    for (int k = 2; k <= 32; k <<= 1)
-      for (int j = k >> 1; j > 0; j >>= 1) {
-        const unsigned long long other = __shfl_xor_sync(0xffffffffu, v, j);
-        const bool keep_min = ((lane & j) == 0) == ((lane & k) == 0);
-        v = keep_min ? (other < v ? other : v) : (other > v ? other : v);
-      }
-    sm.picked[r * 32 + lane] = v;  // run r is this warp's alone until the barrier
-  }
-  __syncthreads();
-  const int sorted = sort_ties ? kk : above;
-  for (int r = warp; r < runs; r += kTopkThreads / 32) {
-    const unsigned long long v = sm.picked[r * 32 + lane];
-    int place = 0;
-#pragma unroll 4
-    for (int q = 0; q < runs; ++q) {
-      const unsigned long long* run = sm.picked + q * 32;
-      int c = 0;  // keys of run q below v
-#pragma unroll
-      for (int step = 16; step > 0; step >>= 1)
-        if (run[c + step - 1] < v) c += step;
-      c += run[c] < v ? 1 : 0;
-      place += c;
+  if (listed) {  // the threshold bin's rows above the K-th key join the bitmap; its ties their own
+    for (int j = tid; j < m; j += kTopkThreads) {
+      const std::uint32_t u = sm.cand_key[j];
+      const int r = sm.cand_row[j];
+      if (u > kth) atomicOr(&above_bits[r >> 5], 1u << (r & 31));
+      else if (u == kth) atomicOr(&equal_bits[r >> 5], 1u << (r & 31));
     }
-    if (place < sorted) out[place] = static_cast<std::int32_t>(v & 0xFFFFFFFFull);
-  }
-  for (int i = kk + tid; i < a.k; i += kTopkThreads) out[i] = -1;
-  if (!sort_ties) {
-    // Too many ties for the sort: the `ties` lowest-id rows equal to the K-th key, in row order.
-    for (int c0 = 0; c0 < n; c0 += kTopkThreads) {
-      const int i = c0 + tid;
-      const bool eq = i < n && key_at(i) == kth;
-      int eq_rank, eq_total;
-      typename S::Scan(sm.scan).ExclusiveSum(eq ? 1 : 0, eq_rank, eq_total);
-      const int base = sm.eq_base;
-      if (eq && base + eq_rank < ties) out[above + base + eq_rank] = i;
-      __syncthreads();
-      if (tid == 0) sm.eq_base = base + eq_total;
-      if (base + eq_total >= ties) break;  // block-uniform: base and eq_total are
-      __syncthreads();
+  } else {  // every row again, word by word
+    for (int base = warp * 32; base < n; base += kTopkThreads) {
+      const int i = base + lane;
+      const std::uint32_t u = i < n ? key_at(i) : 0u;
+      const unsigned ga = __ballot_sync(0xffffffffu, i < n && u > kth);
+      const unsigned ge = __ballot_sync(0xffffffffu, i < n && u == kth);
+      if (lane == 0) { above_bits[base >> 5] = ga; equal_bits[base >> 5] = ge; }
     }
   }
+  __syncthreads();
+  // Thread t owns words [w0, w1); a scan of the above and the equal counts places every pick: a row's
+  // place = rows above before it + min(ties before it, ties taken).
+  const int per = (words + kTopkThreads - 1) / kTopkThreads;
+  const int w0 = min(tid * per, words), w1 = min(w0 + per, words);
+  unsigned n_above = 0, n_equal = 0;
+  for (int w = w0; w < w1; ++w) { n_above += __popc(above_bits[w]); n_equal += __popc(equal_bits[w]); }
+  int above_before = 0, equal_before = 0;
+  if (n < 32768) {  // both counts in one int, 15 bits each (a 64-bit pair scan spills at 64 registers)
+    int before = 0;
+    TopkSmem::Scan(sm.scan).ExclusiveSum(static_cast<int>(n_equal << 16 | n_above), before);
+    above_before = before & 0xFFFF;
+    equal_before = before >> 16;
+  } else {
+    TopkSmem::Scan(sm.scan).ExclusiveSum(static_cast<int>(n_above), above_before);
+    __syncthreads();
+    TopkSmem::Scan(sm.scan).ExclusiveSum(static_cast<int>(n_equal), equal_before);
+  }
+  for (int w = w0; w < w1; ++w) {
+    const std::uint32_t ab = above_bits[w], eb = equal_bits[w];
+    std::uint32_t chosen = ab | lowest_bits(eb, max(0, min(__popc(eb), ties - equal_before)));
+    int pos = above_before + min(equal_before, ties);
+    while (chosen != 0u) {
+      sm.picked[pos++] = w * 32 + __ffs(chosen) - 1;
+      chosen &= chosen - 1u;
+    }
+    above_before += __popc(ab);
+    equal_before += __popc(eb);
+  }
+  __syncthreads();
+  write_picks(a, sm, b, kk, n_c, [&](int i) { return sm.picked[i]; });
 }
 
 // Launches with programmatic dependent launch allowed (the kernels call grid_dependency_sync()
@@ -791,18 +815,22 @@ int resident_ctas(Kernel k, int threads, int smem) {
   return n > 0 ? n : 1;
 }
 
-template <int kSortCap>
 void launch_topk(const IndexerTopkArgs& a, cudaStream_t stream) {
-  constexpr int base = static_cast<int>((sizeof(TopkSmem<kSortCap>) + 15) / 16 * 16);
-  static_assert(base + kTopkSmemRows * 4 <= 227 * 1024, "top-k shared memory over the sm_90 limit");
+  constexpr int base = topk_smem_base();
+  static_assert(base + 2 * topk_bitmap_words(kTopkSmemRows) * 4 + kTopkSmemRows * 4 <= 227 * 1024,
+                "top-k shared memory over the sm_90 limit (staged)");
+  static_assert(base + 2 * topk_bitmap_words(kTopkMaxRows) * 4 <= 227 * 1024, "top-k shared memory over the sm_90 limit");
+  const int bitmaps = static_cast<int>(2 * topk_bitmap_words(a.N) * 4);
   if (a.N <= kTopkSmemRows) {
     static bool done[64] = {};
-    allow_dynamic_smem(topk_kernel<kSortCap, true>, base + kTopkSmemRows * 4, done, "cudaFuncSetAttribute(indexer top-k)");
-    launch_pdl(topk_kernel<kSortCap, true>, dim3(a.batch), dim3(kTopkThreads), base + static_cast<int>(a.N) * 4, stream, a);
+    allow_dynamic_smem(topk_kernel<true>, base + 2 * static_cast<int>(topk_bitmap_words(kTopkSmemRows)) * 4 + kTopkSmemRows * 4,
+                       done, "cudaFuncSetAttribute(indexer top-k)");
+    launch_pdl(topk_kernel<true>, dim3(a.batch), dim3(kTopkThreads), base + bitmaps + static_cast<int>(a.N) * 4, stream, a);
   } else {
     static bool done[64] = {};
-    allow_dynamic_smem(topk_kernel<kSortCap, false>, base, done, "cudaFuncSetAttribute(indexer top-k)");
-    launch_pdl(topk_kernel<kSortCap, false>, dim3(a.batch), dim3(kTopkThreads), base, stream, a);
+    allow_dynamic_smem(topk_kernel<false>, base + 2 * static_cast<int>(topk_bitmap_words(kTopkMaxRows)) * 4, done,
+                       "cudaFuncSetAttribute(indexer top-k)");
+    launch_pdl(topk_kernel<false>, dim3(a.batch), dim3(kTopkThreads), base + bitmaps, stream, a);
   }
 }
 
@@ -932,15 +960,21 @@ void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream) {
   check_rows(fn, a.batch, a.N);
   if (a.k <= 0 || a.k > kIndexerMaxTopk) bad_arg(fn, "k", a.k, "1 .. " + std::to_string(kIndexerMaxTopk));
   require_ptr(fn, "seq_lens", a.seq_lens);
-  require_ptr(fn, "topk_local", a.topk_local);
   if (a.N > 0) require_ptr(fn, "logits", a.logits);
-  // The sort holds the rows above the K-th key and, usually, its ties: room for 2K.
-  if (a.k <= 512)
-    launch_topk<1024>(a, stream);
-  else if (a.k <= 1024)
-    launch_topk<2048>(a, stream);
-  else
-    launch_topk<4096>(a, stream);
+  if (a.N > kTopkMaxRows)
+    bad_arg(fn, "N", a.N, "<= " + std::to_string(kTopkMaxRows) + " (compressed rows of a request: contexts up to " +
+                              std::to_string(4ll * kTopkMaxRows) + " tokens)");
+  if (a.lists.cmp_idx == nullptr) {
+    require_ptr(fn, "topk_local", a.topk_local);
+  } else {  // the lists combine_paged would build for this C4 layer, one query token per request
+    const PagedIndexArgs& l = a.lists;
+    if (l.batch != a.batch) bad_arg(fn, "lists.batch", l.batch, "batch = " + std::to_string(a.batch));
+    if (l.query_tokens != 1) bad_arg(fn, "lists.query_tokens", l.query_tokens, "1 (the indexer scores one query token per request)");
+    if (l.ratio != kIndexerRatio) bad_arg(fn, "lists.ratio", l.ratio, "4 (only C4 layers have an indexer)");
+    if (l.topk != a.k) bad_arg(fn, "lists.topk", l.topk, "k = " + std::to_string(a.k));
+    check_paged_index_args(fn, l, /*picks_read=*/false);
+  }
+  launch_topk(a, stream);
   check_launch(fn);
 }
 

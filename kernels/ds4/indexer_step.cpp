@@ -15,6 +15,18 @@ IndexerDecode::IndexerDecode(Arena& arena, const LayerConfig& cfg, const Ds4Symb
 
 IndexerSizes IndexerDecode::run(Stream s, const cuda::DeviceProblem& d, const cuda::DeviceIndexerInputs& in,
                                 const Bindings& b, std::int32_t* topk_local) {
+  return run(s, d, in, b, topk_local, nullptr);
+}
+
+IndexerSizes IndexerDecode::run(Stream s, const cuda::DeviceProblem& d, const cuda::DeviceIndexerInputs& in,
+                                const Bindings& b, const cuda::PagedIndexArgs& lists) {
+  if (lists.cmp_idx == nullptr)
+    throw invalid_argument_error("ds4::IndexerDecode::run: lists.cmp_idx is null; the index lists to write are required");
+  return run(s, d, in, b, nullptr, &lists);
+}
+
+IndexerSizes IndexerDecode::run(Stream s, const cuda::DeviceProblem& d, const cuda::DeviceIndexerInputs& in,
+                                const Bindings& b, std::int32_t* topk_local, const cuda::PagedIndexArgs* lists) {
   const int R = d.batch;
   const Extent rows = max_over(syms_.seq_lens, [](const Extent& l) { return floor_div(l, kIndexerRatio); });
   IndexerSizes z;
@@ -33,6 +45,7 @@ IndexerSizes IndexerDecode::run(Stream s, const cuda::DeviceProblem& d, const cu
   cuda::IndexerTopkArgs ta;
   ta.batch = R; ta.N = z.N; ta.k = cfg_.topk; ta.seq_lens = d.seq_lens; ta.logits = logits.as<float>();
   ta.topk_local = topk_local;
+  if (lists != nullptr) ta.lists = *lists;
   cuda::indexer_topk(ta, cs);
   return z;
 }

@@ -79,15 +79,26 @@ AttentionWorkspaceExtents PagedAttention::workspaces(const Ds4Symbols& syms) con
 }
 
 AttentionWorkspaces PagedAttention::request(Arena& arena, Stream s, const Ds4Symbols& syms, const Bindings& b) const {
+  AttentionWorkspaces w = request_lists(arena, s, syms, b);
+  request_partials(w, arena, s, syms, b);
+  return w;
+}
+
+AttentionWorkspaces PagedAttention::request_lists(Arena& arena, Stream s, const Ds4Symbols& syms, const Bindings& b) const {
   const AttentionWorkspaceExtents e = workspaces(syms);
   AttentionWorkspaces w;
   w.cmp_idx = arena.request(s, "ds4.paged.cmp_idx", e.cmp_idx, 4, capacity_bound, b);
   w.cmp_lens = arena.request(s, "ds4.paged.cmp_lens", e.cmp_lens, 4, capacity_bound, b);
   w.swa_idx = arena.request(s, "ds4.paged.swa_idx", e.swa_idx, 4, capacity_bound, b);
   w.swa_lens = arena.request(s, "ds4.paged.swa_lens", e.swa_lens, 4, capacity_bound, b);
+  return w;
+}
+
+void PagedAttention::request_partials(AttentionWorkspaces& w, Arena& arena, Stream s, const Ds4Symbols& syms,
+                                      const Bindings& b) const {
+  const AttentionWorkspaceExtents e = workspaces(syms);
   w.partial_o = arena.request(s, "ds4.attention.partial_o", e.partial_o, 4, capacity_bound, b);
   w.partial_ml = arena.request(s, "ds4.attention.partial_ml", e.partial_ml, 4, capacity_bound, b);
-  return w;
 }
 
 AttentionArguments arguments_of(const cuda::DeviceProblem& d, std::uint16_t* out) {
@@ -107,7 +118,7 @@ AttentionArguments arguments_of(const cuda::DeviceProblem& d, std::uint16_t* out
   return a;
 }
 
-void PagedAttention::run(const AttentionArguments& a, const AttentionWorkspaces& w, cudaStream_t stream) const {
+cuda::PagedIndexArgs PagedAttention::index_args(const AttentionArguments& a, const AttentionWorkspaces& w) const {
   const LayerConfig& c = problem_.cfg;
   if (a.batch < 1)
     throw invalid_argument_error("graphsafe::ds4::PagedAttention::run: batch = " + std::to_string(a.batch) +
@@ -118,15 +129,11 @@ void PagedAttention::run(const AttentionArguments& a, const AttentionWorkspaces&
     throw invalid_argument_error("graphsafe::ds4::PagedAttention::run: batch * query_tokens = " + std::to_string(rows) +
                                  " is not allowed; allowed: <= 2^30");
   const int cw = c.compressed_width();
-  const int splits = this->splits(a.batch);
   const std::uint64_t r = static_cast<std::uint64_t>(rows);
   check_bytes("cmp_idx", w.cmp_idx, r * static_cast<std::uint64_t>(std::max(cw, 1)) * 4);
   check_bytes("cmp_lens", w.cmp_lens, r * 4);
   check_bytes("swa_idx", w.swa_idx, r * static_cast<std::uint64_t>(c.window) * 4);
   check_bytes("swa_lens", w.swa_lens, r * 4);
-  const std::uint64_t partials = splits > 1 ? r * static_cast<std::uint64_t>(splits) * static_cast<std::uint64_t>(c.heads) : 0;
-  check_bytes("partial_o", w.partial_o, partials * kHeadDim * 4);
-  check_bytes("partial_ml", w.partial_ml, partials * 2 * 4);
 
   cuda::PagedIndexArgs ia;
   ia.batch = a.batch;
@@ -147,10 +154,32 @@ void PagedAttention::run(const AttentionArguments& a, const AttentionWorkspaces&
   ia.cmp_lens = c.ratio > 1 ? w.cmp_lens.as<std::int32_t>() : nullptr;
   ia.swa_idx = w.swa_idx.as<std::int32_t>();
   ia.swa_lens = w.swa_lens.as<std::int32_t>();
-  cuda::combine_paged(ia, stream);
+  return ia;
+}
 
+void PagedAttention::check_partials(const AttentionArguments& a, const AttentionWorkspaces& w, int splits) const {
+  const std::uint64_t partials = splits > 1 ? static_cast<std::uint64_t>(a.batch) * problem_.query_tokens *
+                                                  static_cast<std::uint64_t>(splits) *
+                                                  static_cast<std::uint64_t>(problem_.cfg.heads)
+                                            : 0;
+  check_bytes("partial_o", w.partial_o, partials * kHeadDim * 4);
+  check_bytes("partial_ml", w.partial_ml, partials * 2 * 4);
+}
+
+void PagedAttention::run(const AttentionArguments& a, const AttentionWorkspaces& w, cudaStream_t stream) const {
+  const cuda::PagedIndexArgs ia = index_args(a, w);
+  check_partials(a, w, splits(a.batch));  // every check before the first launch
+  cuda::combine_paged(ia, stream);
+  attend(a, w, stream);
+}
+
+void PagedAttention::attend(const AttentionArguments& a, const AttentionWorkspaces& w, cudaStream_t stream) const {
+  const LayerConfig& c = problem_.cfg;
+  const cuda::PagedIndexArgs ia = index_args(a, w);  // checks the batch and the lists
+  const int splits = this->splits(a.batch);
+  check_partials(a, w, splits);
   cuda::PagedAttentionArgs pa;
-  pa.c.batch = static_cast<int>(rows);
+  pa.c.batch = a.batch * problem_.query_tokens;
   pa.c.heads = c.heads;
   pa.c.q = a.q;
   pa.c.sink = a.sink;
@@ -164,7 +193,7 @@ void PagedAttention::run(const AttentionArguments& a, const AttentionWorkspaces&
   pa.swa_lens = ia.swa_lens;
   pa.cmp = a.cmp;
   pa.cmp_idx = ia.cmp_idx;
-  pa.cmp_width = cw;
+  pa.cmp_width = ia.cmp_width;
   pa.cmp_lens = ia.cmp_lens;
   cuda::sparse_attention_paged(pa, stream, a.options);
 }

@@ -107,17 +107,21 @@ TEST_CASE("indexer top-k takes every row in order when n_c <= K (short context)"
   }
 }
 
-TEST_CASE("indexer top-k keeps the K best rows, descending, ties to the lower row, -0 equals +0",
+TEST_CASE("indexer top-k keeps the K best rows in row order, ties to the lower row, -0 equals +0",
           "[ds4][indexer][topk]") {
   //                               0    1    2    3     4    5    6     7    8    9
   const std::vector<float> scores = {1.f, 4.f, 4.f, 0.f, -0.f, 9.f, 4.f, -2.f, 0.f, 7.f};
   const std::vector<std::int32_t> got = ds4::ref::indexer_topk(scores.data(), 10, 8);
-  // 9 > 7 > 4 (rows 1, 2, 6 in order) > 1 > 0 (rows 3, 4, 8: -0 ties with +0, lower row first).
-  const std::vector<std::int32_t> want = {5, 9, 1, 2, 6, 0, 3, 4};
+  // 9, 7, 4 (rows 1, 2, 6), 1 and two of the three 0s (rows 3, 4, 8: -0 ties with +0, the lower
+  // rows win): rows 0 1 2 3 4 5 6 9, listed in row order. Row 8 (a tie) and row 7 (-2) are out.
+  const std::vector<std::int32_t> want = {0, 1, 2, 3, 4, 5, 6, 9};
   CHECK(got == want);
+  // A tie that crosses K keeps the lower row even when it lies after a higher pick.
+  const std::vector<float> cross = {3.f, 5.f, 3.f, 3.f, 8.f};
+  CHECK(ds4::ref::indexer_topk(cross.data(), 5, 3) == std::vector<std::int32_t>{0, 1, 4});
   // Rows past n_c are never picked, whatever their scores.
   const std::vector<float> tail = {1.f, 2.f, 3.f, 100.f};
-  CHECK(ds4::ref::indexer_topk(tail.data(), 3, 2) == std::vector<std::int32_t>{2, 1});
+  CHECK(ds4::ref::indexer_topk(tail.data(), 3, 2) == std::vector<std::int32_t>{1, 2});
   CHECK_THROWS_AS(ds4::ref::indexer_topk(tail.data(), 3, 0), std::invalid_argument);
   CHECK_THROWS_AS(ds4::ref::indexer_topk(tail.data(), -1, 2), std::invalid_argument);
 }
@@ -127,7 +131,12 @@ TEST_CASE("indexer top-k at capacity length picks the K best of every visible ro
   std::vector<float> scores(n_c);
   for (int s = 0; s < n_c; ++s) scores[s] = static_cast<float>((s * 37) % n_c);  // a permutation of 0..127
   const std::vector<std::int32_t> got = ds4::ref::indexer_topk(scores.data(), n_c, K);
-  for (int i = 0; i < K; ++i) CHECK(scores[got[i]] == static_cast<float>(n_c - 1 - i));
+  // The K largest values, n_c - K .. n_c - 1, each once; listed in ascending row order.
+  std::vector<float> picked;
+  for (int i = 0; i < K; ++i) picked.push_back(scores[got[i]]);
+  std::sort(picked.begin(), picked.end());
+  for (int i = 0; i < K; ++i) CHECK(picked[i] == static_cast<float>(n_c - K + i));
+  CHECK(std::is_sorted(got.begin(), got.end()));
 }
 
 TEST_CASE("indexer key compression pools the C4 slots, then norms and ropes a 128-wide row", "[ds4][indexer]") {

@@ -1,8 +1,8 @@
 // The lightning indexer on the GPU against its CPU reference (graphsafe/ds4/indexer.hpp), and the
-// whole C4 attention step (indexer scores + top-k + index combine + paged attention) captured in a
-// CUDA Graph: replays equal eager execution bit for bit as sequences grow past their capture
-// lengths, across the short-context (n_c <= K) to long-context transition; the logits stride sized
-// at capture time is refused at replay.
+// whole C4 attention step (indexer scores + top-k + index combine + paged attention, or the top-k
+// writing the index lists itself) captured in a CUDA Graph: replays equal eager execution bit for
+// bit as sequences grow past their capture lengths, across the short-context (n_c <= K) to
+// long-context transition; the logits stride sized at capture time is refused at replay.
 #include <catch2/catch.hpp>
 
 #include <graphsafe/graphsafe.hpp>
@@ -230,7 +230,8 @@ TEST_CASE("indexer scores at engine row counts equal the reference", "[ds4][inde
 // limit) against the selection rule on the same scores: zero length, n_c < K, n_c = K (the short
 // path), n_c = K + 1, mid, capacity (n_c = N) and beyond it (rows past N never read); ties across
 // the cut, -0.0 next to +0.0, negative scores, and one request whose scores all tie (more ties
-// than the sort holds: the ordered fallback).
+// than the candidate list holds: the passes over every row). The same launch with the paged
+// attention's index lists asked for writes exactly what combine_paged builds from the picks.
 TEST_CASE("indexer top-k at engine shapes selects as the reference rule", "[ds4][indexer][topk]") {
   Device dev;
   struct Shape { int k; std::int64_t N; };
@@ -274,7 +275,81 @@ TEST_CASE("indexer top-k at engine shapes selects as the reference rule", "[ds4]
       CHECK(std::vector<std::int32_t>(got.begin() + static_cast<std::ptrdiff_t>(b) * K,
                                       got.begin() + static_cast<std::ptrdiff_t>(b + 1) * K) == want);
     }
+
+    // The index lists: block tables with shuffled blocks and unmapped (-1) entries, a window of 100
+    // in 64-token blocks; combine_paged over the picks above is the reference.
+    const int E = 64, W = 100, sbt = 64;
+    const int cbpr = static_cast<int>((N + 5 + E - 1) / E), sbpr = static_cast<int>((4 * (N + 5) + 3 + sbt - 1) / sbt);
+    std::vector<std::int32_t> ctab(static_cast<std::size_t>(B) * cbpr), stab(static_cast<std::size_t>(B) * sbpr);
+    std::iota(ctab.begin(), ctab.end(), 0);
+    std::iota(stab.begin(), stab.end(), 0);
+    std::shuffle(ctab.begin(), ctab.end(), rng);
+    std::shuffle(stab.begin(), stab.end(), rng);
+    for (std::size_t i = 0; i < ctab.size(); i += 7) ctab[i] = -1;
+    for (std::size_t i = 3; i < stab.size(); i += 5) stab[i] = -1;
+    const auto dctab = to_device(ctab), dstab = to_device(stab);
+    const int cw = K + 3;  // wider than K: the tail is padded too
+    const std::size_t nc = static_cast<std::size_t>(B) * cw, ns = static_cast<std::size_t>(B) * W;
+    auto lists = cuda::device_alloc((2 * (nc + ns) + 4 * B) * 4);
+    auto* words = reinterpret_cast<std::int32_t*>(lists.get());
+    GRAPHSAFE_CUDA(cudaMemset(words, 0x7F, (2 * (nc + ns) + 4 * B) * 4));
+    cuda::PagedIndexArgs ia;
+    ia.batch = B; ia.ratio = 4; ia.window = W; ia.topk = K; ia.cmp_width = cw;
+    ia.seq_lens = reinterpret_cast<const std::int32_t*>(dlen.get());
+    ia.swa_block_table = reinterpret_cast<const std::int32_t*>(dstab.get()); ia.swa_blocks_per_req = sbpr; ia.swa_block_tokens = sbt;
+    ia.cmp_block_table = reinterpret_cast<const std::int32_t*>(dctab.get()); ia.cmp_blocks_per_req = cbpr; ia.cmp_block_entries = E;
+    cuda::PagedIndexArgs want_lists = ia;  // combine_paged from topk_local
+    want_lists.topk_local = reinterpret_cast<const std::int32_t*>(top.get());
+    want_lists.cmp_idx = words; want_lists.swa_idx = words + nc; want_lists.cmp_lens = words + nc + ns;
+    want_lists.swa_lens = words + nc + ns + B;
+    cuda::combine_paged(want_lists, dev.s);
+    ia.cmp_idx = words + nc + ns + 2 * B; ia.swa_idx = ia.cmp_idx + nc; ia.cmp_lens = ia.swa_idx + ns;
+    ia.swa_lens = ia.cmp_lens + B;
+    cuda::IndexerTopkArgs tl = ta;
+    tl.topk_local = nullptr;  // the lists alone
+    tl.lists = ia;
+    cuda::indexer_topk(tl, dev.s);
+    const auto all = to_host<std::int32_t>(words, 2 * (nc + ns) + 4 * B, dev.s);
+    const std::size_t half = nc + ns + 2 * static_cast<std::size_t>(B);
+    CHECK(std::equal(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(half), all.begin() + static_cast<std::ptrdiff_t>(half)));
+    int mapped = 0;
+    for (std::size_t i = 0; i < nc; ++i) mapped += all[i] >= 0;
+    CHECK(mapped > 0);
   }
+}
+
+TEST_CASE("indexer top-k refuses index lists it cannot write, naming the field", "[ds4][indexer][topk]") {
+  Device dev;
+  auto buf = cuda::device_alloc(1 << 16);
+  auto* w = reinterpret_cast<std::int32_t*>(buf.get());
+  GRAPHSAFE_CUDA(cudaMemset(w, 0x7F, 1 << 16));
+  cuda::IndexerTopkArgs ta;
+  ta.batch = 2; ta.N = 16; ta.k = 8; ta.seq_lens = w; ta.logits = reinterpret_cast<const float*>(w + 64);
+  ta.lists.batch = 2; ta.lists.ratio = 4; ta.lists.window = 4; ta.lists.topk = 8; ta.lists.cmp_width = 8;
+  ta.lists.seq_lens = w; ta.lists.swa_block_table = w; ta.lists.swa_blocks_per_req = 1;
+  ta.lists.cmp_block_table = w; ta.lists.cmp_blocks_per_req = 1; ta.lists.cmp_block_entries = 64;
+  ta.lists.cmp_idx = w + 128; ta.lists.cmp_lens = w + 256; ta.lists.swa_idx = w + 384; ta.lists.swa_lens = w + 512;
+  auto with = [&](auto f) { cuda::IndexerTopkArgs x = ta; f(x); return x; };
+  CHECK_THROWS_WITH(cuda::indexer_topk(with([](auto& x) { x.lists.query_tokens = 2; }), dev.s),
+                    Catch::Contains("lists.query_tokens = 2") && Catch::Contains("1 (the indexer"));
+  CHECK_THROWS_WITH(cuda::indexer_topk(with([](auto& x) { x.lists.batch = 3; }), dev.s),
+                    Catch::Contains("lists.batch = 3") && Catch::Contains("batch = 2"));
+  CHECK_THROWS_WITH(cuda::indexer_topk(with([](auto& x) { x.lists.topk = 16; }), dev.s),
+                    Catch::Contains("lists.topk = 16") && Catch::Contains("k = 8"));
+  CHECK_THROWS_WITH(cuda::indexer_topk(with([](auto& x) { x.lists.cmp_width = 7; }), dev.s),
+                    Catch::Contains("cmp_width = 7"));
+  CHECK_THROWS_WITH(cuda::indexer_topk(with([](auto& x) { x.lists.ratio = 128; }), dev.s),
+                    Catch::Contains("lists.ratio = 128"));
+  CHECK_THROWS_WITH(cuda::indexer_topk(with([](auto& x) { x.lists.swa_lens = nullptr; }), dev.s),
+                    Catch::Contains("swa_lens is null"));
+  // A row stride past the row bitmaps' capacity.
+  CHECK_THROWS_WITH(cuda::indexer_topk(with([](auto& x) { x.batch = 1; x.lists.batch = 1; x.N = 524289; }), dev.s),
+                    Catch::Contains("N = 524289") && Catch::Contains("<= 524288"));
+  // Without lists the picks' buffer is required.
+  CHECK_THROWS_WITH(cuda::indexer_topk(with([](auto& x) { x.lists = {}; }), dev.s), Catch::Contains("topk_local is null"));
+  // Nothing was launched: the outputs keep their fill.
+  const auto h = to_host<std::int32_t>(w, 1 << 14, dev.s);
+  CHECK(std::all_of(h.begin(), h.end(), [](std::int32_t v) { return v == 0x7F7F7F7F; }));
 }
 
 TEST_CASE("DS4 C4 step with the indexer: replay equals eager bit for bit as sequences grow", "[ds4][indexer][graph]") {
@@ -295,6 +370,8 @@ TEST_CASE("DS4 C4 step with the indexer: replay equals eager bit for bit as sequ
   auto out_graph = cuda::device_alloc(n_out * 2), out_eager = cuda::device_alloc(n_out * 2);
   auto* og = reinterpret_cast<std::uint16_t*>(out_graph.get());
   auto* oe = reinterpret_cast<std::uint16_t*>(out_eager.get());
+  auto out_fused = cuda::device_alloc(n_out * 2);
+  auto* of = reinterpret_cast<std::uint16_t*>(out_fused.get());
   auto step = [&](const Bindings& b, std::uint16_t* out) {
     ix.run(dev.s, d, di, b, d.topk_local);
     attn.run(dev.s, d, b, out);
@@ -302,6 +379,9 @@ TEST_CASE("DS4 C4 step with the indexer: replay equals eager bit for bit as sequ
   Bindings b = syms.bind(2, cfg, p.seq_lens);
   auto graph = capture(arena, dev.s, b, [&](const Bindings& bb) { step(bb, og); });
   CHECK(graph.plan().findings().empty());
+  // The same step with the top-k writing the attention's index lists itself (no combine launch).
+  auto fused = capture(arena, dev.s, b, [&](const Bindings& bb) { attn.run(dev.s, d, ix, di, bb, of); });
+  CHECK(fused.plan().findings().empty());
   for (std::vector<std::int32_t> lens : {std::vector<std::int32_t>{3, 5}, {15, 33}, {36, 40}, {255, 257}, {511, 512}}) {
     INFO("lengths " << lens[0] << "," << lens[1]);
     grow(p, lens, 1, Picks::random);
@@ -316,6 +396,10 @@ TEST_CASE("DS4 C4 step with the indexer: replay equals eager bit for bit as sequ
     CHECK(top_graph == ref::indexer_topk_all(p, in));
     const auto hg = to_host<std::uint16_t>(og, n_out, dev.s), he = to_host<std::uint16_t>(oe, n_out, dev.s);
     CHECK(std::memcmp(hg.data(), he.data(), n_out * 2) == 0);
+    GRAPHSAFE_CUDA(cudaMemsetAsync(of, 0xFF, n_out * 2, dev.s));
+    fused.replay(b, dev.s);
+    const auto hf = to_host<std::uint16_t>(of, n_out, dev.s);
+    CHECK(std::memcmp(hf.data(), he.data(), n_out * 2) == 0);
     // And the attention over the indexer's picks matches the CPU reference.
     std::copy(top_eager.begin(), top_eager.end(), p.topk_local.begin());
     std::vector<float> r(n_out);

@@ -91,6 +91,7 @@ std::vector<std::int32_t> indexer_topk(const float* scores, int n_c, int k) {
   std::iota(order.begin(), order.end(), 0);
   auto key = [&](std::int32_t s) { return scores[s] + 0.0f; };
   std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return key(a) > key(b); });
+  std::sort(order.begin(), order.begin() + k);  // the K picked, listed in row order
   std::copy(order.begin(), order.begin() + k, out.begin());
   return out;
 }

@@ -30,6 +30,10 @@
 
 namespace graphsafe::ds4 {
 
+namespace cuda {
+struct DeviceIndexerInputs;  // graphsafe/ds4/indexer_kernels.hpp
+}
+
 enum class Sizing { safe, exact, capacity };
 
 // Layout of GatherDecode's kv workspace (cuda::GatherArgs::ragged). The rows, their order and so the
@@ -84,10 +88,18 @@ class GatherDecode {
   GatherLayout layout_;
 };
 
+class IndexerDecode;  // graphsafe/ds4/indexer_step.hpp
+
 class PagedDecode {
  public:
   PagedDecode(Arena& arena, const LayerConfig& cfg, const Ds4Symbols& syms);
+  // Index build from d.topk_local (C4) or the layer's rows (C1, C128), then the attention.
   StepSizes run(Stream s, const cuda::DeviceProblem& d, const Bindings& b, std::uint16_t* out);
+  // A C4 layer with its indexer: scores, then a top-k that writes the attention's index lists
+  // itself (one launch fewer than indexer.run into topk_local + run above; the same lists, so the
+  // same output bit for bit), then the attention. workspace_bytes counts the indexer's logits too.
+  StepSizes run(Stream s, const cuda::DeviceProblem& d, IndexerDecode& indexer,
+                const cuda::DeviceIndexerInputs& inputs, const Bindings& b, std::uint16_t* out);
 
  private:
   Arena& arena_;

@@ -15,8 +15,10 @@
 // where q8 / k8 are the stored fp8 values, scale_s the row's scale and w_h the query token's head
 // weights (the query's own scale folded in). Top-k keeps the K best rows of each request:
 //  * n_c <= K (the short-context path engines take): rows 0 .. n_c-1 in order, then -1;
-//  * n_c > K: the K highest scores in descending order, ties broken by the lower row first, so the
-//    selection is a pure function of the scores; -0.0 counts as +0.0.
+//  * n_c > K: the rows of the K highest scores, ties broken by the lower row first, so the
+//    selection is a pure function of the scores; -0.0 counts as +0.0. They are listed in ascending
+//    row order (no sort by score: the attention's result does not depend on a score order, and
+//    row order reads the paged cache block by block).
 // The scores of request b live at logits[b * N + s], s < n_c(b): N is the row stride, a value a
 // captured graph freezes, so it is a graphsafe dimension sized by a policy (capacity: ceil(max_len/4)).
 // With N < n_c(b) the rows of request b run into request b+1's: the capture-time sizing bug again.

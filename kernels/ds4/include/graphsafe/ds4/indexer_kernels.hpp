@@ -7,6 +7,7 @@
 
 #include <graphsafe/ds4/device_problem.hpp>
 #include <graphsafe/ds4/indexer.hpp>
+#include <graphsafe/ds4/kernels.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -65,13 +66,18 @@ struct IndexerTopkArgs {
   int k = 512;                                 // K (<= kIndexerMaxTopk): row stride of topk_local
   const std::int32_t* seq_lens = nullptr;      // [B] device
   const float* logits = nullptr;               // [B, N] from indexer_score
-  std::int32_t* topk_local = nullptr;          // out [B, K]
+  std::int32_t* topk_local = nullptr;          // out [B, K]; may be null when `lists` is given
+  // Optional (lists.cmp_idx != nullptr): also write the paged attention's index lists of this C4
+  // layer -- cmp_idx / cmp_lens / swa_idx / swa_lens, exactly what combine_paged writes from
+  // topk_local -- so the layer needs no combine launch. One query token per request (query_tokens
+  // 1), ratio 4, lists.topk == k; lists.topk_local is not read.
+  PagedIndexArgs lists;
 };
 // One CTA per request: a radix select of the K-th best score (a 12-bit histogram over every row,
 // then two 10-bit passes over the rows of the threshold bin only), then the picked rows are
-// ordered (32-row runs sorted in registers, each row placed by its rank over the runs: the
-// selection rule of indexer.hpp). Needs no workspace beyond the logits. Rows past min(n_c, N) are
-// never read.
+// written in ascending row order (the selection rule of indexer.hpp) without a sort: each warp
+// places the picks of its own span of rows. Needs no workspace beyond the logits. Rows past
+// min(n_c, N) are never read.
 void indexer_topk(const IndexerTopkArgs& a, cudaStream_t stream);
 
 }  // namespace cuda

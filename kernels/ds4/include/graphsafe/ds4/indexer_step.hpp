@@ -4,9 +4,10 @@
 //   IndexerDecode ix(arena, cfg, syms, Sizing::safe);
 //   PagedDecode attn(arena, cfg, syms);
 //   auto graph = capture(arena, s, b, [&](const Bindings& bb) {
-//     ix.run(s, d, inputs, bb, d.topk_local);   // scores + top-k into the attention's picks
-//     attn.run(s, d, bb, out);                  // combine + paged-direct attention
+//     attn.run(s, d, ix, inputs, bb, out);  // scores, top-k into the attention's index lists, attention
 //   });
+// (or ix.run(s, d, inputs, bb, d.topk_local) then attn.run(s, d, bb, out): the same output, with
+// the picks in topk_local and one more launch, combine_paged, to turn them into index lists).
 //
 // The scores of request b live at logits[b * N + s] for its n_c = L_b / 4 rows: N is a row stride a
 // graph freezes, so it is a graphsafe dimension written in the lengths, max_b floor(L_b / 4), sized
@@ -36,8 +37,14 @@ class IndexerDecode {
   // Enqueue the scores and the top-k on `s` (capturable), writing topk_local [B, cfg.topk].
   IndexerSizes run(Stream s, const cuda::DeviceProblem& d, const cuda::DeviceIndexerInputs& in, const Bindings& b,
                    std::int32_t* topk_local);
+  // The same, writing the paged attention's index lists instead of topk_local (what combine_paged
+  // would build from them: PagedAttention::index_args; PagedDecode::run with an indexer uses this).
+  IndexerSizes run(Stream s, const cuda::DeviceProblem& d, const cuda::DeviceIndexerInputs& in, const Bindings& b,
+                   const cuda::PagedIndexArgs& lists);
 
  private:
+  IndexerSizes run(Stream s, const cuda::DeviceProblem& d, const cuda::DeviceIndexerInputs& in, const Bindings& b,
+                   std::int32_t* topk_local, const cuda::PagedIndexArgs* lists);
   Arena& arena_;
   LayerConfig cfg_;
   const Ds4Symbols& syms_;

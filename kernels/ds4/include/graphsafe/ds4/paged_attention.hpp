@@ -94,12 +94,24 @@ class PagedAttention {
   AttentionWorkspaceExtents workspaces(const Ds4Symbols& syms) const;
   // Requests every extent from the arena (capacity_bound: they are static), stream-ordered on s.
   AttentionWorkspaces request(Arena& arena, Stream s, const Ds4Symbols& syms, const Bindings& b) const;
+  // request() in two parts, for a step that runs a producer of the index lists in between: the
+  // lists (cmp/swa idx and lens), then the split-K partials, so the producer's own workspaces (the
+  // C4 indexer's logits) are released before the partials are requested and the two share bytes.
+  AttentionWorkspaces request_lists(Arena& arena, Stream s, const Ds4Symbols& syms, const Bindings& b) const;
+  void request_partials(AttentionWorkspaces& w, Arena& arena, Stream s, const Ds4Symbols& syms, const Bindings& b) const;
   // Enqueues the index build and the attention on `stream`. Checks the arguments and that each
   // workspace holds what `a.batch` needs (invalid_argument_error naming the workspace, its bytes and
   // the bytes needed); kernel launch failures throw cuda_error. Allocates nothing.
   void run(const AttentionArguments& a, const AttentionWorkspaces& w, cudaStream_t stream) const;
+  // The two halves of run. index_args: the index build's arguments (the lists in w, their sizes
+  // checked), for a producer that writes the same lists itself -- the C4 indexer's top-k
+  // (cuda::IndexerTopkArgs::lists) does, saving the build's launch. attend: the attention alone,
+  // over lists already written in w (checks every workspace, as run does).
+  cuda::PagedIndexArgs index_args(const AttentionArguments& a, const AttentionWorkspaces& w) const;
+  void attend(const AttentionArguments& a, const AttentionWorkspaces& w, cudaStream_t stream) const;
 
  private:
+  void check_partials(const AttentionArguments& a, const AttentionWorkspaces& w, int splits) const;
   AttentionProblem problem_;
 };
 
