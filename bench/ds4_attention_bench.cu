@@ -24,6 +24,7 @@
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/layout.hpp>
 
+#include "../tests/support/ds4_bench_kernels.cuh"
 #include "bench_support.hpp"
 #include "timeline.hpp"  // kernels/ds4: the kernel's timeline record layout
 
@@ -62,53 +63,10 @@ namespace tl = graphsafe::ds4::cuda::timeline;
 
 namespace {
 
-__device__ __forceinline__ std::uint32_t hash32(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return static_cast<std::uint32_t>(x);
-}
-__device__ __forceinline__ std::uint16_t rand_bf16(std::uint32_t h) {  // uniform in [-1, 1)
-  const float f = static_cast<float>(h & 0xFFFFFF) / 8388608.0f - 1.0f;
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-
-// Valid fp8_ds_mla bytes: fp8 with the top exponent bit clear (|v| < 2, never NaN), UE8M0 scales
-// 124..127, bf16 rope in [-1, 1), zero pad bytes.
-__global__ void fill_cache_kernel(std::uint32_t* words, std::size_t nwords, int bs, std::size_t stride,
-                                  std::uint64_t seed) {
-  for (std::size_t w = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; w < nwords;
-       w += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::size_t off = w * 4, r = off % stride;
-    const std::uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ULL + w);
-    std::uint32_t v = 0;
-    if (r < static_cast<std::size_t>(bs) * 576) {
-      const std::size_t b = r % 576;
-      if (b < 448) v = h & 0xBFBFBFBFu;
-      else v = rand_bf16(h) | (static_cast<std::uint32_t>(rand_bf16(hash32(h + 7))) << 16);
-    } else if (r < static_cast<std::size_t>(bs) * 584) {
-      const std::size_t k0 = (r - static_cast<std::size_t>(bs) * 576) % 8;
-      for (int i = 0; i < 4; ++i) {
-        const std::uint32_t byte = (k0 + i) < 7 ? 124u + ((h >> (8 * i)) & 3u) : 0u;
-        v |= byte << (8 * i);
-      }
-    }
-    words[w] = v;
-  }
-}
-__global__ void fill_bf16_kernel(std::uint16_t* p, std::size_t n, std::uint64_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    p[i] = rand_bf16(hash32(seed * 0x9E3779B97F4A7C15ULL + i));
-}
-
-__global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, std::size_t n) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    b[i] = a[i];
-}
+// The data generators and copy kernel shared with ds4_indexer_bench and the decode demo.
+using graphsafe::testing::copy_kernel;
+using graphsafe::testing::fill_bf16;
+using graphsafe::testing::fill_mla_cache;
 
 template <class T>
 T* dalloc(std::size_t count) {
@@ -329,8 +287,8 @@ int main(int argc, char** argv) {
     auto* A = dalloc<std::uint16_t>(std::size_t(n) * n);
     auto* Bm = dalloc<std::uint16_t>(std::size_t(n) * n);
     auto* C = dalloc<std::uint16_t>(std::size_t(n) * n);
-    fill_bf16_kernel<<<1024, 256, 0, st>>>(A, std::size_t(n) * n, 1);
-    fill_bf16_kernel<<<1024, 256, 0, st>>>(Bm, std::size_t(n) * n, 2);
+    fill_bf16<<<1024, 256, 0, st>>>(A, std::size_t(n) * n, 1);
+    fill_bf16<<<1024, 256, 0, st>>>(Bm, std::size_t(n) * n, 2);
     cublasHandle_t h;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) { std::fprintf(stderr, "cublasCreate failed\n"); return 2; }
     cublasSetStream(h, st);
@@ -467,7 +425,7 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(d_ctab, ctab.data(), ctab.size() * 4, cudaMemcpyHostToDevice));
     if (!picks.empty()) CK(cudaMemcpy(d_picks, picks.data(), picks.size() * 4, cudaMemcpyHostToDevice));
     auto* d_q = dalloc<std::uint16_t>(std::size_t(R) * H * 512);
-    fill_bf16_kernel<<<512, 256, 0, st>>>(d_q, std::size_t(R) * H * 512, 99);
+    fill_bf16<<<512, 256, 0, st>>>(d_q, std::size_t(R) * H * 512, 99);
     std::vector<float> sink(H);
     for (int h = 0; h < H; ++h) sink[h] = -2.f + 4.f * float(h) / H;
     auto* d_sink = dalloc<float>(H);
@@ -479,12 +437,12 @@ int main(int argc, char** argv) {
     for (int l = 0; l < layers; ++l) {
       auto* s = dalloc<std::uint8_t>(snb * sstride);
       owned.push_back(s);
-      fill_cache_kernel<<<2048, 256, 0, st>>>(reinterpret_cast<std::uint32_t*>(s), snb * sstride / 4, sbt, sstride, 1000 + l);
+      fill_mla_cache<<<2048, 256, 0, st>>>(reinterpret_cast<std::uint32_t*>(s), snb * sstride / 4, sbt, sstride, 1000 + l);
       swa[l] = {s, sbt, snb, sstride};
       if (ratio > 1) {
         auto* c = dalloc<std::uint8_t>(cnb * cstride);
         owned.push_back(c);
-        fill_cache_kernel<<<4096, 256, 0, st>>>(reinterpret_cast<std::uint32_t*>(c), cnb * cstride / 4, E, cstride, 5000 + l);
+        fill_mla_cache<<<4096, 256, 0, st>>>(reinterpret_cast<std::uint32_t*>(c), cnb * cstride / 4, E, cstride, 5000 + l);
         cmp[l] = {c, E, cnb, cstride};
       }
     }

@@ -25,6 +25,7 @@
 #include <graphsafe/ds4/kernels.hpp>
 #include <graphsafe/ds4/layout.hpp>
 
+#include "../tests/support/ds4_bench_kernels.cuh"
 #include "bench_support.hpp"
 
 #include <CLI/CLI.hpp>
@@ -79,42 +80,10 @@ __global__ void fill_scales(ds4::IndexerCache c, float value) {
   }
 }
 
-__device__ __forceinline__ std::uint32_t hash32(std::uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
-  return static_cast<std::uint32_t>(x);
-}
-__device__ __forceinline__ std::uint16_t rand_bf16(std::uint32_t h) {  // uniform in [-1, 1)
-  const float f = static_cast<float>(h & 0xFFFFFF) / 8388608.0f - 1.0f;
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-// Valid fp8_ds_mla bytes (|fp8| < 2, UE8M0 scales 124..127, bf16 rope), as ds4_attention_bench.
-__global__ void fill_mla_cache(std::uint32_t* words, std::size_t nwords, int bs, std::size_t stride, std::uint64_t seed) {
-  for (std::size_t w = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; w < nwords;
-       w += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::size_t r = (w * 4) % stride;
-    const std::uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ULL + w);
-    std::uint32_t v = 0;
-    if (r < static_cast<std::size_t>(bs) * 576) {
-      if (r % 576 < 448) v = h & 0xBFBFBFBFu;
-      else v = rand_bf16(h) | (static_cast<std::uint32_t>(rand_bf16(hash32(h + 7))) << 16);
-    } else if (r < static_cast<std::size_t>(bs) * 584) {
-      const std::size_t k0 = (r - static_cast<std::size_t>(bs) * 576) % 8;
-      for (int i = 0; i < 4; ++i) v |= ((k0 + i) < 7 ? 124u + ((h >> (8 * i)) & 3u) : 0u) << (8 * i);
-    }
-    words[w] = v;
-  }
-}
-__global__ void fill_bf16(std::uint16_t* p, std::size_t n, std::uint64_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    p[i] = rand_bf16(hash32(seed * 0x9E3779B97F4A7C15ULL + i));
-}
-
-__global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, std::size_t n) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    b[i] = a[i];
-}
+// The data generators and copy kernel shared with ds4_attention_bench and the decode demo.
+using graphsafe::testing::copy_kernel;
+using graphsafe::testing::fill_bf16;
+using graphsafe::testing::fill_mla_cache;
 
 template <class F>
 double median_graph_us(cudaStream_t st, int reps, F&& enqueue) {

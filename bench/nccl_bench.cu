@@ -114,16 +114,13 @@ int main(int argc, char** argv) {
       kind_used = gn::Registration::local;
     }
     {
-      auto vm = std::make_shared<CudaVirtualMemory>(CudaVirtualMemoryOptions{.shareable = true});
-      auto counting = std::make_unique<graphsafe::tp::CaptureCheckedCalls>(gn::nccl_registration(comm, kind_used), s);
-      const auto calls = counting->calls, during = counting->while_capturing;
-      const std::string kind = counting->kind();
-      auto reg = std::make_shared<gn::ChunkRegistrar>(std::move(counting), vm->granularity());
-      vm->set_listener(reg);
+      const tp::CheckedRegisteredMemory mem(comm, kind_used, s);
+      const auto& vm = mem.vm;
+      const auto& reg = mem.registrar;
+      const auto calls = mem.calls, during = mem.while_capturing;
+      const std::string& kind = mem.kind_name;
       CudaBackend backend;
-      ArenaOptions ao;
-      ao.virtual_memory = vm;
-      ao.virtual_reserve_bytes = 4ull << 30;
+      ArenaOptions ao = mem.arena_options(4ull << 30);
       ao.report_findings = false;  // each graph's size is frozen on purpose (one per size)
       Arena arena(backend, ao);
       std::printf("registration: %s, chunks of %llu bytes\n", kind.c_str(),

@@ -1,53 +1,15 @@
 #include "ds4_decode_demo_kernels.hpp"
 
+#include "../tests/support/ds4_bench_kernels.cuh"
+
 #include <cuda_bf16.h>
 
 namespace ds4_demo {
 namespace {
 
-__device__ __forceinline__ std::uint32_t hash32(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return static_cast<std::uint32_t>(x);
-}
-
-__device__ __forceinline__ std::uint16_t rand_bf16(std::uint32_t h) {  // uniform in [-1, 1)
-  const float f = static_cast<float>(h & 0xFFFFFF) / 8388608.0f - 1.0f;
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-
-__global__ void fill_cache_kernel(std::uint32_t* words, std::size_t nwords, int bs, std::size_t stride,
-                                  std::uint64_t seed) {
-  for (std::size_t w = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; w < nwords;
-       w += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::size_t off = w * 4, r = off % stride;
-    const std::uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ULL + w);
-    std::uint32_t v = 0;
-    if (r < static_cast<std::size_t>(bs) * 576) {
-      const std::size_t b = r % 576;
-      if (b < 448)
-        v = h & 0xBFBFBFBFu;
-      else
-        v = rand_bf16(h) | (static_cast<std::uint32_t>(rand_bf16(hash32(h + 7))) << 16);
-    } else if (r < static_cast<std::size_t>(bs) * 584) {
-      const std::size_t k0 = (r - static_cast<std::size_t>(bs) * 576) % 8;
-      for (int i = 0; i < 4; ++i) {
-        const std::uint32_t byte = (k0 + i) < 7 ? 124u + ((h >> (8 * i)) & 3u) : 0u;
-        v |= byte << (8 * i);
-      }
-    }
-    words[w] = v;
-  }
-}
-
-__global__ void fill_bf16_kernel(std::uint16_t* p, std::size_t n, std::uint64_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    p[i] = rand_bf16(hash32(seed * 0x9E3779B97F4A7C15ULL + i));
-}
+// The demo's own generators hash like the DS4 benchmarks' (ds4_bench_kernels.cuh), whose cache and
+// query generators fill_cache and fill_bf16 launch: same bytes for the same seed.
+using graphsafe::testing::hash32;
 
 __global__ void count_kernel(const std::uint8_t* a, const std::uint8_t* b, int value, int layers, std::size_t stride,
                              std::size_t bytes, unsigned long long* count) {
@@ -115,14 +77,14 @@ cudaError_t fill_f32(float* p, std::size_t n, float lo, float hi, std::uint64_t 
 cudaError_t fill_cache(std::uint8_t* base, std::size_t bytes, int block_tokens, std::size_t stride,
                        std::uint64_t seed, cudaStream_t s) {
   if (bytes == 0) return cudaSuccess;
-  fill_cache_kernel<<<2048, 256, 0, s>>>(reinterpret_cast<std::uint32_t*>(base), bytes / 4, block_tokens, stride,
-                                          seed);
+  graphsafe::testing::fill_mla_cache<<<2048, 256, 0, s>>>(reinterpret_cast<std::uint32_t*>(base), bytes / 4,
+                                                           block_tokens, stride, seed);
   return cudaGetLastError();
 }
 
 cudaError_t fill_bf16(std::uint16_t* p, std::size_t n, std::uint64_t seed, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  fill_bf16_kernel<<<1024, 256, 0, s>>>(p, n, seed);
+  graphsafe::testing::fill_bf16<<<1024, 256, 0, s>>>(p, n, seed);
   return cudaGetLastError();
 }
 

@@ -226,6 +226,105 @@ TEST_CASE("indexer scores at engine row counts equal the reference", "[ds4][inde
   }
 }
 
+// engine = wgmma copies 64-row tiles that must lie in one cache block, so a cache whose block_rows is
+// not a multiple of 64 must be refused before launch, naming the value and the limit: launched, its
+// tiles would straddle blocks and read another request's keys. The same cache is scored as the
+// reference does by the automatic engine (mma_sync for it), and multiples of 64 other than 64 are
+// taken by wgmma and scored as the reference does, so the refusal is the limit and nothing wider.
+TEST_CASE("indexer scores: engine = wgmma refuses block_rows not a multiple of 64 before launch", "[ds4][indexer]") {
+  Device dev;
+  int device = 0, major = 0;
+  GRAPHSAFE_CUDA(cudaGetDevice(&device));
+  GRAPHSAFE_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const int B = 4;
+  const std::int64_t N = 384;  // a whole number of blocks at each block_rows below
+  const std::size_t items = static_cast<std::size_t>(B) * N;
+  // n_c = 0, 5, 200 (mid-block at every size) and N (capacity).
+  const std::vector<std::int32_t> lens = {0, 4 * 5 + 3, 4 * 200 + 1, 4 * static_cast<std::int32_t>(N)};
+  const auto dlen = to_device(lens);
+  for (const int block_rows : {48, 96, 64, 128}) {
+    INFO("block_rows " << block_rows);
+    const int bpr = static_cast<int>(N / block_rows);
+    std::mt19937 rng(static_cast<std::uint32_t>(block_rows));
+    IndexerCache c;
+    c.block_rows = block_rows;
+    c.stride = indexer_block_stride_bytes(block_rows);
+    c.num_blocks = B * bpr;
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(c.num_blocks) * c.stride);
+    for (auto& v : bytes) { v = static_cast<std::uint8_t>(rng()); if ((v & 0x7F) == 0x7F) v ^= 1; }
+    std::uniform_real_distribution<float> u(0.001f, 0.02f), w(-0.5f, 0.5f);
+    for (int blk = 0; blk < c.num_blocks; ++blk)
+      for (int t = 0; t < block_rows; ++t) {
+        const float sc = u(rng);
+        std::memcpy(bytes.data() + static_cast<std::size_t>(blk) * c.stride + block_rows * 128 + t * 4, &sc, 4);
+      }
+    std::vector<std::int32_t> table(static_cast<std::size_t>(c.num_blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    std::vector<std::uint8_t> q(static_cast<std::size_t>(B) * kIndexerHeads * kIndexerDim);
+    for (auto& v : q) { v = static_cast<std::uint8_t>(rng()); if ((v & 0x7F) == 0x7F) v ^= 1; }
+    std::vector<float> weights(static_cast<std::size_t>(B) * kIndexerHeads);
+    for (auto& v : weights) v = w(rng);
+    const auto dbytes = to_device(bytes), dtable = to_device(table), dq = to_device(q), dw = to_device(weights);
+    auto logits = cuda::device_alloc(items * 4);
+    cuda::IndexerScoreArgs sa;
+    sa.batch = B; sa.N = N; sa.seq_lens = reinterpret_cast<const std::int32_t*>(dlen.get());
+    sa.q = dq.get(); sa.weights = reinterpret_cast<const float*>(dw.get());
+    sa.cache = c; sa.cache.base = dbytes.get();
+    sa.block_table = reinterpret_cast<const std::int32_t*>(dtable.get()); sa.blocks_per_req = bpr;
+    sa.logits = reinterpret_cast<float*>(logits.get());
+    // Rows the reference scores that differ, plus rows past n_c that were written (NaN sentinel).
+    IndexerCache hc = c;
+    hc.base = bytes.data();
+    auto mismatches = [&](const std::vector<float>& gl) {
+      int bad = 0;
+      std::vector<float> qf(kIndexerHeads * kIndexerDim);
+      for (int b = 0; b < B; ++b) {
+        const int n_c = lens[b] / 4;
+        for (std::size_t i = 0; i < qf.size(); ++i) qf[i] = ref::fp8_e4m3_to_float(q[b * qf.size() + i]);
+        const auto want = ref::indexer_scores(hc, table.data() + static_cast<std::size_t>(b) * bpr, n_c, qf.data(),
+                                              weights.data() + static_cast<std::size_t>(b) * kIndexerHeads);
+        double scale = 0;
+        for (float v : want) scale = std::max(scale, double(std::fabs(v)));
+        for (int s = 0; s < n_c; ++s) bad += !(std::fabs(gl[b * N + s] - want[s]) <= 1e-5 * scale + 1e-6);
+        for (std::int64_t s = n_c; s < N; ++s) bad += !std::isnan(gl[b * N + s]);
+      }
+      return bad;
+    };
+    auto reset_logits = [&] { GRAPHSAFE_CUDA(cudaMemsetAsync(logits.get(), 0xFF, items * 4, dev.s)); };
+
+    reset_logits();
+    sa.engine = cuda::IndexerEngine::automatic;
+    cuda::indexer_score(sa, dev.s);
+    CHECK(mismatches(to_host<float>(logits.get(), items, dev.s)) == 0);
+
+    reset_logits();
+    sa.engine = cuda::IndexerEngine::wgmma;
+    if (major == 9 && block_rows % 64 == 0) {
+      cuda::indexer_score(sa, dev.s);
+      CHECK(mismatches(to_host<float>(logits.get(), items, dev.s)) == 0);
+      continue;
+    }
+    std::string what;
+    CHECK_THROWS_AS(cuda::indexer_score(sa, dev.s), invalid_argument_error);
+    try {
+      cuda::indexer_score(sa, dev.s);
+    } catch (const invalid_argument_error& e) {
+      what = e.what();
+    }
+    CHECK_THAT(what, Catch::Contains("indexer_score") && Catch::Contains("engine = wgmma"));
+    if (major == 9)
+      CHECK_THAT(what, Catch::Contains("cache.block_rows = " + std::to_string(block_rows)) &&
+                           Catch::Contains("a multiple of 64"));
+    else  // no sm_90a code for this GPU: that refusal comes first
+      CHECK_THAT(what, Catch::Contains("compute capability"));
+    // Refused before launch: no kernel wrote the logits and no launch error is pending.
+    const auto after = to_host<std::uint32_t>(logits.get(), items, dev.s);
+    CHECK(std::count(after.begin(), after.end(), 0xFFFFFFFFu) == static_cast<std::ptrdiff_t>(items));
+    CHECK(cudaGetLastError() == cudaSuccess);
+  }
+}
+
 // The top-k at engine shapes (K up to 2048, row strides on both sides of the shared-memory staging
 // limit) against the selection rule on the same scores: zero length, n_c < K, n_c = K (the short
 // path), n_c = K + 1, mid, capacity (n_c = N) and beyond it (rows past N never read); ties across

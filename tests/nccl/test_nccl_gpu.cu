@@ -69,18 +69,15 @@ TEST_CASE("nccl: all-gather and all-reduce in a graph on registered arena worksp
     gn::LocalComms comms(1);
     const ncclComm_t comm = comms[0];
     const int world = comms.size();
-    auto vm = std::make_shared<CudaVirtualMemory>(CudaVirtualMemoryOptions{.shareable = true});
-    auto checked = std::make_unique<graphsafe::tp::CaptureCheckedCalls>(gn::nccl_registration(comm, kind), dev.s);
-    const auto calls = checked->calls;
-    const auto while_capturing = checked->while_capturing;
-    const std::string kind_name = checked->kind();
-    auto reg = std::make_shared<gn::ChunkRegistrar>(std::move(checked), vm->granularity());
-    vm->set_listener(reg);
+    const tp::CheckedRegisteredMemory mem(comm, kind, dev.s);
+    const auto& vm = mem.vm;
+    const auto& reg = mem.registrar;
+    const auto calls = mem.calls;
+    const auto while_capturing = mem.while_capturing;
+    const std::string& kind_name = mem.kind_name;
     {
       CudaBackend backend;
-      ArenaOptions ao;
-      ao.virtual_memory = vm;
-      ao.virtual_reserve_bytes = 1ull << 30;
+      ArenaOptions ao = mem.arena_options(1ull << 30);
       ao.report_findings = false;  // the buckets' bounds are reported as frozen sizes: the guards are the point
       Arena arena(backend, ao);
       // The engine's bound on tokens is far above a graph's bucket, which the policy reserves:

@@ -1,5 +1,6 @@
-// Tensor-parallel support shared by the NCCL GPU test and nccl_bench. One rank's share of a
-// tensor-parallel DS4 attention layer:
+// Tensor-parallel support shared by the NCCL GPU test and nccl_bench: registered arena memory whose
+// registration calls are counted (CheckedRegisteredMemory), and one rank's share of a
+// tensor-parallel DS4 attention layer (TpAttention):
 // rank r of `world` attends heads [r * H/world, (r+1) * H/world) of the full layer's H heads (its
 // query rows sliced out of the full q, its sinks), writes them to an arena workspace, all-gathers
 // every rank's heads inside the same stream (a captured graph when capturing) and puts them back
@@ -14,12 +15,15 @@
 #include <graphsafe/ds4/paged_attention.hpp>
 #include <graphsafe/error.hpp>
 #include <graphsafe/nccl/nccl.hpp>
+#include <graphsafe/nccl/registrar.hpp>
+#include <graphsafe/virtual_memory.hpp>
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace graphsafe::tp {
 
@@ -44,6 +48,37 @@ class CaptureCheckedCalls final : public nccl::RegistrationCalls {
  private:
   std::unique_ptr<nccl::RegistrationCalls> inner_;
   cudaStream_t s_;
+};
+
+// Virtual memory whose chunks are registered with `comm` as they are mapped (a ChunkRegistrar as its
+// listener), through CaptureCheckedCalls on `s`: the arena memory of the NCCL test and nccl_bench,
+// which compare the registrations against the chunk maps and check none happens while capturing.
+// Shareable chunks: NCCL maps registered chunks on its peers. The registrar stays vm's listener
+// until the caller detaches it (vm->set_listener(nullptr)) or vm goes; comm must outlive both.
+struct CheckedRegisteredMemory {
+  CheckedRegisteredMemory(ncclComm_t comm, nccl::Registration kind, cudaStream_t s)
+      : vm(std::make_shared<CudaVirtualMemory>(CudaVirtualMemoryOptions{.shareable = true})) {
+    auto checked = std::make_unique<CaptureCheckedCalls>(nccl::nccl_registration(comm, kind), s);
+    calls = checked->calls;
+    while_capturing = checked->while_capturing;
+    kind_name = checked->kind();
+    registrar = std::make_shared<nccl::ChunkRegistrar>(std::move(checked), vm->granularity());
+    vm->set_listener(registrar);
+  }
+
+  // An arena on this memory reserving `reserve_bytes` of address space.
+  ArenaOptions arena_options(std::uint64_t reserve_bytes) const {
+    ArenaOptions ao;
+    ao.virtual_memory = vm;
+    ao.virtual_reserve_bytes = reserve_bytes;
+    return ao;
+  }
+
+  std::shared_ptr<CudaVirtualMemory> vm;
+  std::shared_ptr<nccl::ChunkRegistrar> registrar;
+  std::shared_ptr<std::uint64_t> calls;            // registrations made
+  std::shared_ptr<std::uint64_t> while_capturing;  // of them, made while `s` was capturing (must stay 0)
+  std::string kind_name;                           // the registration calls' kind()
 };
 
 inline ds4::LayerConfig rank_layer(ds4::LayerConfig full, int world) {
