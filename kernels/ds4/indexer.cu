@@ -195,12 +195,17 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) indexer_score_kernel(Inde
       ib = request_of(tile, ib);
       const int n_rows = rows_of(ib);
       const int row0 = (tile - sm.tile_start[ib]) * 16;
-      const std::int32_t blk = __ldg(a.block_table + static_cast<long long>(ib) * a.blocks_per_req + row0 / a.cache.block_rows);
+      const std::int32_t* req_table = a.block_table + static_cast<long long>(ib) * a.blocks_per_req;
+      // A 16-row tile lies in one block when block_rows is a multiple of 16; otherwise each row
+      // looks its block up (uniform over the launch).
+      const bool one_block = a.cache.block_rows % 16 == 0;
+      const std::int32_t tile_blk = one_block ? __ldg(req_table + row0 / a.cache.block_rows) : 0;
       const int st = it % kStages;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int s = row0 + g + half * 8;
         const bool valid = s < n_rows;
+        const std::int32_t blk = one_block ? tile_blk : (valid ? __ldg(req_table + s / a.cache.block_rows) : 0);
         const long long off = valid ? s % a.cache.block_rows : 0;
         const std::uint8_t* base = a.cache.base + (valid ? static_cast<long long>(blk) * static_cast<long long>(a.cache.stride) : 0);
         const std::uint8_t* row = base + off * kIndexerRowBytes + t * 32;

@@ -229,7 +229,8 @@ TEST_CASE("indexer scores at engine row counts equal the reference", "[ds4][inde
 // engine = wgmma copies 64-row tiles that must lie in one cache block, so a cache whose block_rows is
 // not a multiple of 64 must be refused before launch, naming the value and the limit: launched, its
 // tiles would straddle blocks and read another request's keys. The same cache is scored as the
-// reference does by the automatic engine (mma_sync for it), and multiples of 64 other than 64 are
+// reference does by the automatic engine (mma_sync for it; at 40 rows a block its 16-row tiles
+// straddle blocks too, so it must look each row's block up), and multiples of 64 other than 64 are
 // taken by wgmma and scored as the reference does, so the refusal is the limit and nothing wider.
 TEST_CASE("indexer scores: engine = wgmma refuses block_rows not a multiple of 64 before launch", "[ds4][indexer]") {
   Device dev;
@@ -237,14 +238,14 @@ TEST_CASE("indexer scores: engine = wgmma refuses block_rows not a multiple of 6
   GRAPHSAFE_CUDA(cudaGetDevice(&device));
   GRAPHSAFE_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   const int B = 4;
-  const std::int64_t N = 384;  // a whole number of blocks at each block_rows below
+  const std::int64_t N = 384;
   const std::size_t items = static_cast<std::size_t>(B) * N;
   // n_c = 0, 5, 200 (mid-block at every size) and N (capacity).
   const std::vector<std::int32_t> lens = {0, 4 * 5 + 3, 4 * 200 + 1, 4 * static_cast<std::int32_t>(N)};
   const auto dlen = to_device(lens);
-  for (const int block_rows : {48, 96, 64, 128}) {
+  for (const int block_rows : {40, 48, 96, 64, 128}) {
     INFO("block_rows " << block_rows);
-    const int bpr = static_cast<int>(N / block_rows);
+    const int bpr = static_cast<int>((N + block_rows - 1) / block_rows);
     std::mt19937 rng(static_cast<std::uint32_t>(block_rows));
     IndexerCache c;
     c.block_rows = block_rows;
