@@ -1,6 +1,7 @@
 """docs/python.md: every ```python block runs, in order, in one namespace (as a reader would paste
 them); ```python cuda blocks run only with torch and a CUDA device, ```python ds4 blocks also only
 when graphsafe was built with the DS4 kernels."""
+import gc
 import pathlib
 import re
 
@@ -29,11 +30,21 @@ def test_the_quickstart_runs():
     assert ns["out"].tolist() == [32, 40]  # the safe replay's result: the refused replay never ran
 
 
+def release_torch_memory(ns, torch):
+    """What a reader does before handing torch to another arena: drop the section's pools, graphs
+    and tensors and let torch return its cached segments (one arena serves torch per device, and a
+    later test registers its own)."""
+    ns.clear()
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
 def test_the_torch_section_runs_on_a_gpu():
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    run_blocks(" cuda", "cuda")
+    release_torch_memory(run_blocks(" cuda", "cuda"), torch)
 
 
 def test_the_ds4_section_runs_on_a_gpu():
@@ -43,4 +54,4 @@ def test_the_ds4_section_runs_on_a_gpu():
     ds4 = pytest.importorskip("graphsafe.ds4")
     if not ds4.available():
         pytest.skip("graphsafe was built without the DS4 kernels (GRAPHSAFE_BUILD_DS4=OFF)")
-    run_blocks(" ds4", "ds4")
+    release_torch_memory(run_blocks(" ds4", "ds4"), torch)
