@@ -168,16 +168,22 @@ void PagedAttention::check_partials(const AttentionArguments& a, const Attention
 
 void PagedAttention::run(const AttentionArguments& a, const AttentionWorkspaces& w, cudaStream_t stream) const {
   const cuda::PagedIndexArgs ia = index_args(a, w);
-  check_partials(a, w, splits(a.batch));  // every check before the first launch
+  const int splits = this->splits(a.batch);
+  check_partials(a, w, splits);  // every check before the first launch
   cuda::combine_paged(ia, stream);
-  attend(a, w, stream);
+  launch_attention(a, w, ia, splits, stream);
 }
 
 void PagedAttention::attend(const AttentionArguments& a, const AttentionWorkspaces& w, cudaStream_t stream) const {
-  const LayerConfig& c = problem_.cfg;
   const cuda::PagedIndexArgs ia = index_args(a, w);  // checks the batch and the lists
   const int splits = this->splits(a.batch);
   check_partials(a, w, splits);
+  launch_attention(a, w, ia, splits, stream);
+}
+
+void PagedAttention::launch_attention(const AttentionArguments& a, const AttentionWorkspaces& w,
+                                      const cuda::PagedIndexArgs& ia, int splits, cudaStream_t stream) const {
+  const LayerConfig& c = problem_.cfg;
   cuda::PagedAttentionArgs pa;
   pa.c.batch = a.batch * problem_.query_tokens;
   pa.c.heads = c.heads;

@@ -21,6 +21,7 @@
 #include <string>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 using namespace graphsafe;
@@ -55,6 +56,65 @@ cuda::IndexerEngine score_engine() {
 
 // K = 8 keeps the short-context path (n_c <= 8, lengths < 36) and the scored path in one tiny problem.
 LayerConfig c4() { return test::tiny_layer(4, kMaxLen); }
+
+// Random indexer inputs of B requests with `bpr` blocks of `block_rows` rows each, on the host and
+// the device: fp8 keys and queries (no NaN encodings), row scales in [0.001, 0.02), a shuffled block
+// table, head weights in [-0.5, 0.5).
+struct RandomIndexer {
+  int B, bpr;
+  IndexerCache cache;  // base: the host bytes
+  std::vector<std::uint8_t> bytes, q;
+  std::vector<std::int32_t> table;
+  std::vector<float> weights;
+  cuda::DeviceBytes dbytes, dtable, dq, dw;
+
+  RandomIndexer(int batch, int blocks_per_req, int block_rows, std::mt19937& rng) : B(batch), bpr(blocks_per_req) {
+    cache.block_rows = block_rows;
+    cache.stride = indexer_block_stride_bytes(block_rows);
+    cache.num_blocks = B * bpr;
+    bytes.resize(static_cast<std::size_t>(cache.num_blocks) * cache.stride);
+    for (auto& v : bytes) { v = static_cast<std::uint8_t>(rng()); if ((v & 0x7F) == 0x7F) v ^= 1; }
+    std::uniform_real_distribution<float> u(0.001f, 0.02f), w(-0.5f, 0.5f);
+    for (int blk = 0; blk < cache.num_blocks; ++blk)
+      for (int t = 0; t < block_rows; ++t) {
+        const float sc = u(rng);
+        std::memcpy(bytes.data() + static_cast<std::size_t>(blk) * cache.stride + block_rows * 128 + t * 4, &sc, 4);
+      }
+    cache.base = bytes.data();
+    table.resize(static_cast<std::size_t>(cache.num_blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    q.resize(static_cast<std::size_t>(B) * kIndexerHeads * kIndexerDim);
+    for (auto& v : q) { v = static_cast<std::uint8_t>(rng()); if ((v & 0x7F) == 0x7F) v ^= 1; }
+    weights.resize(static_cast<std::size_t>(B) * kIndexerHeads);
+    for (auto& v : weights) v = w(rng);
+    dbytes = to_device(bytes); dtable = to_device(table); dq = to_device(q); dw = to_device(weights);
+  }
+  // The scores launch over these inputs (engine: automatic unless the caller sets it).
+  cuda::IndexerScoreArgs args(std::int64_t N, const void* seq_lens, void* logits) const {
+    cuda::IndexerScoreArgs sa;
+    sa.batch = B; sa.N = N; sa.seq_lens = static_cast<const std::int32_t*>(seq_lens);
+    sa.q = dq.get(); sa.weights = reinterpret_cast<const float*>(dw.get());
+    sa.cache = cache; sa.cache.base = dbytes.get();
+    sa.block_table = reinterpret_cast<const std::int32_t*>(dtable.get()); sa.blocks_per_req = bpr;
+    sa.logits = static_cast<float*>(logits);
+    return sa;
+  }
+  // Request b's scores in gl (stride N, n_c rows) against the reference: {rows that differ, rows
+  // past n_c that were written (not the NaN sentinel)}.
+  std::pair<int, int> mismatches(const std::vector<float>& gl, int b, int n_c, std::int64_t N) const {
+    std::vector<float> qf(kIndexerHeads * kIndexerDim);
+    for (std::size_t i = 0; i < qf.size(); ++i) qf[i] = ref::fp8_e4m3_to_float(q[b * qf.size() + i]);
+    const auto want = ref::indexer_scores(cache, table.data() + static_cast<std::size_t>(b) * bpr, n_c, qf.data(),
+                                          weights.data() + static_cast<std::size_t>(b) * kIndexerHeads);
+    double scale = 0;
+    for (float v : want) scale = std::max(scale, double(std::fabs(v)));
+    int bad = 0, written_past = 0;
+    for (int s = 0; s < n_c; ++s) bad += !(std::fabs(gl[b * N + s] - want[s]) <= 1e-5 * scale + 1e-6);
+    for (std::int64_t s = n_c; s < N; ++s) written_past += !std::isnan(gl[b * N + s]);
+    return {bad, written_past};
+  }
+};
 
 }  // namespace
 
@@ -176,51 +236,17 @@ TEST_CASE("indexer scores at engine row counts equal the reference", "[ds4][inde
   std::vector<std::int32_t> lens(B);
   for (int b = 0; b < B; ++b) lens[b] = b == 0 ? 0 : b == 1 ? 7 : b == 2 ? 4 * 100 + 3 : b < 12 ? 4 * static_cast<int>(N) : 4 * (8000 - b);
   std::mt19937 rng(99);
-  IndexerCache c;
-  c.num_blocks = B * bpr;
-  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(c.num_blocks) * c.stride);
-  for (auto& v : bytes) { v = static_cast<std::uint8_t>(rng()); if ((v & 0x7F) == 0x7F) v ^= 1; }
-  std::uniform_real_distribution<float> u(0.001f, 0.02f), w(-0.5f, 0.5f);
-  for (int blk = 0; blk < c.num_blocks; ++blk)
-    for (int t = 0; t < block_rows; ++t) {
-      const float sc = u(rng);
-      std::memcpy(bytes.data() + static_cast<std::size_t>(blk) * c.stride + block_rows * 128 + t * 4, &sc, 4);
-    }
-  std::vector<std::int32_t> table(static_cast<std::size_t>(c.num_blocks));
-  std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), rng);
-  std::vector<std::uint8_t> q(static_cast<std::size_t>(B) * kIndexerHeads * kIndexerDim);
-  for (auto& v : q) { v = static_cast<std::uint8_t>(rng()); if ((v & 0x7F) == 0x7F) v ^= 1; }
-  std::vector<float> weights(static_cast<std::size_t>(B) * kIndexerHeads);
-  for (auto& v : weights) v = w(rng);
-  const auto dbytes = to_device(bytes), dtable = to_device(table), dq = to_device(q), dw = to_device(weights),
-             dlen = to_device(lens);
+  const RandomIndexer in(B, bpr, block_rows, rng);
+  const auto dlen = to_device(lens);
   auto logits = cuda::device_alloc(static_cast<std::size_t>(B) * N * 4);
   GRAPHSAFE_CUDA(cudaMemset(logits.get(), 0xFF, static_cast<std::size_t>(B) * N * 4));
-  cuda::IndexerScoreArgs sa;
-  sa.batch = B; sa.N = N; sa.seq_lens = reinterpret_cast<const std::int32_t*>(dlen.get());
-  sa.q = dq.get(); sa.weights = reinterpret_cast<const float*>(dw.get());
-  sa.cache = c; sa.cache.base = dbytes.get();
-  sa.block_table = reinterpret_cast<const std::int32_t*>(dtable.get()); sa.blocks_per_req = bpr;
-  sa.logits = reinterpret_cast<float*>(logits.get());
+  cuda::IndexerScoreArgs sa = in.args(N, dlen.get(), logits.get());
   sa.engine = score_engine();
   cuda::indexer_score(sa, dev.s);
   const auto gl = to_host<float>(logits.get(), static_cast<std::size_t>(B) * N, dev.s);
-  IndexerCache hc = c;
-  hc.base = bytes.data();
-  std::vector<float> qf(kIndexerHeads * kIndexerDim);
   for (int b = 0; b < B; ++b) {
     INFO("request " << b << " seq_len " << lens[b]);
-    const int n_c = lens[b] / 4;
-    for (std::size_t i = 0; i < qf.size(); ++i) qf[i] = ref::fp8_e4m3_to_float(q[b * qf.size() + i]);
-    const auto want = ref::indexer_scores(hc, table.data() + static_cast<std::size_t>(b) * bpr, n_c, qf.data(),
-                                          weights.data() + static_cast<std::size_t>(b) * kIndexerHeads);
-    double scale = 0;
-    for (float v : want) scale = std::max(scale, double(std::fabs(v)));
-    int bad = 0;
-    for (int s = 0; s < n_c; ++s) bad += !(std::fabs(gl[b * N + s] - want[s]) <= 1e-5 * scale + 1e-6);
-    int written_past = 0;
-    for (std::int64_t s = n_c; s < N; ++s) written_past += !std::isnan(gl[b * N + s]);
+    const auto [bad, written_past] = in.mismatches(gl, b, lens[b] / 4, N);
     CHECK(bad == 0);
     CHECK(written_past == 0);
   }
@@ -247,48 +273,15 @@ TEST_CASE("indexer scores: engine = wgmma refuses block_rows not a multiple of 6
     INFO("block_rows " << block_rows);
     const int bpr = static_cast<int>((N + block_rows - 1) / block_rows);
     std::mt19937 rng(static_cast<std::uint32_t>(block_rows));
-    IndexerCache c;
-    c.block_rows = block_rows;
-    c.stride = indexer_block_stride_bytes(block_rows);
-    c.num_blocks = B * bpr;
-    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(c.num_blocks) * c.stride);
-    for (auto& v : bytes) { v = static_cast<std::uint8_t>(rng()); if ((v & 0x7F) == 0x7F) v ^= 1; }
-    std::uniform_real_distribution<float> u(0.001f, 0.02f), w(-0.5f, 0.5f);
-    for (int blk = 0; blk < c.num_blocks; ++blk)
-      for (int t = 0; t < block_rows; ++t) {
-        const float sc = u(rng);
-        std::memcpy(bytes.data() + static_cast<std::size_t>(blk) * c.stride + block_rows * 128 + t * 4, &sc, 4);
-      }
-    std::vector<std::int32_t> table(static_cast<std::size_t>(c.num_blocks));
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), rng);
-    std::vector<std::uint8_t> q(static_cast<std::size_t>(B) * kIndexerHeads * kIndexerDim);
-    for (auto& v : q) { v = static_cast<std::uint8_t>(rng()); if ((v & 0x7F) == 0x7F) v ^= 1; }
-    std::vector<float> weights(static_cast<std::size_t>(B) * kIndexerHeads);
-    for (auto& v : weights) v = w(rng);
-    const auto dbytes = to_device(bytes), dtable = to_device(table), dq = to_device(q), dw = to_device(weights);
+    const RandomIndexer in(B, bpr, block_rows, rng);
     auto logits = cuda::device_alloc(items * 4);
-    cuda::IndexerScoreArgs sa;
-    sa.batch = B; sa.N = N; sa.seq_lens = reinterpret_cast<const std::int32_t*>(dlen.get());
-    sa.q = dq.get(); sa.weights = reinterpret_cast<const float*>(dw.get());
-    sa.cache = c; sa.cache.base = dbytes.get();
-    sa.block_table = reinterpret_cast<const std::int32_t*>(dtable.get()); sa.blocks_per_req = bpr;
-    sa.logits = reinterpret_cast<float*>(logits.get());
+    cuda::IndexerScoreArgs sa = in.args(N, dlen.get(), logits.get());
     // Rows the reference scores that differ, plus rows past n_c that were written (NaN sentinel).
-    IndexerCache hc = c;
-    hc.base = bytes.data();
     auto mismatches = [&](const std::vector<float>& gl) {
       int bad = 0;
-      std::vector<float> qf(kIndexerHeads * kIndexerDim);
       for (int b = 0; b < B; ++b) {
-        const int n_c = lens[b] / 4;
-        for (std::size_t i = 0; i < qf.size(); ++i) qf[i] = ref::fp8_e4m3_to_float(q[b * qf.size() + i]);
-        const auto want = ref::indexer_scores(hc, table.data() + static_cast<std::size_t>(b) * bpr, n_c, qf.data(),
-                                              weights.data() + static_cast<std::size_t>(b) * kIndexerHeads);
-        double scale = 0;
-        for (float v : want) scale = std::max(scale, double(std::fabs(v)));
-        for (int s = 0; s < n_c; ++s) bad += !(std::fabs(gl[b * N + s] - want[s]) <= 1e-5 * scale + 1e-6);
-        for (std::int64_t s = n_c; s < N; ++s) bad += !std::isnan(gl[b * N + s]);
+        const auto [differ, written_past] = in.mismatches(gl, b, lens[b] / 4, N);
+        bad += differ + written_past;
       }
       return bad;
     };

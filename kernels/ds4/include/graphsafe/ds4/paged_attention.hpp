@@ -112,6 +112,9 @@ class PagedAttention {
 
  private:
   void check_partials(const AttentionArguments& a, const AttentionWorkspaces& w, int splits) const;
+  // The attention launch over checked arguments (run and attend check, then call this).
+  void launch_attention(const AttentionArguments& a, const AttentionWorkspaces& w, const cuda::PagedIndexArgs& ia,
+                        int splits, cudaStream_t stream) const;
   AttentionProblem problem_;
 };
 
