@@ -594,14 +594,11 @@ __device__ __forceinline__ void write_picks(const IndexerTopkArgs& a, const Topk
     for (int i = threadIdx.x; i < a.k; i += blockDim.x)
       a.topk_local[static_cast<long long>(b) * a.k + i] = i < count ? picked(i) : -1;
   if (a.lists.cmp_idx != nullptr) {
-    const int E = a.lists.cmp_block_entries;
     for (int i = threadIdx.x; i < a.lists.cmp_width; i += blockDim.x) {
       int v = -1;
       if (i < count) {
-        const int c = picked(i), blk = c / E;
-        const int base = blk < sm.table_blocks ? sm.table[blk]
-                                               : a.lists.cmp_block_table[static_cast<long long>(b) * a.lists.cmp_blocks_per_req + blk];
-        v = base >= 0 ? base * E + c % E : -1;
+        const int c = picked(i), j = c / a.lists.cmp_block_entries;
+        v = j < sm.table_blocks ? cmp_slot_in_block(a.lists, sm.table[j], c) : paged_cmp_slot(a.lists, b, c);
       }
       a.lists.cmp_idx[static_cast<long long>(b) * a.lists.cmp_width + i] = v;
     }

@@ -39,11 +39,14 @@ inline void check_paged_index_args(const char* fn, const PagedIndexArgs& a, bool
   }
 }
 
-// The cache slot of compressed entry c of request b (its block's slot base + offset), -1 for an
-// unmapped block.
-__device__ __forceinline__ std::int32_t paged_cmp_slot(const PagedIndexArgs& a, int b, int c) {
-  const int blk = a.cmp_block_table[static_cast<long long>(b) * a.cmp_blocks_per_req + c / a.cmp_block_entries];
+// The cache slot of compressed entry c in block `blk` (its table entry): the block's slot base +
+// offset, -1 for an unmapped block.
+__device__ __forceinline__ std::int32_t cmp_slot_in_block(const PagedIndexArgs& a, int blk, int c) {
   return blk >= 0 ? blk * a.cmp_block_entries + c % a.cmp_block_entries : -1;
+}
+// The same, looking the block of compressed entry c of request b up in the block table.
+__device__ __forceinline__ std::int32_t paged_cmp_slot(const PagedIndexArgs& a, int b, int c) {
+  return cmp_slot_in_block(a, a.cmp_block_table[static_cast<long long>(b) * a.cmp_blocks_per_req + c / a.cmp_block_entries], c);
 }
 
 // Query row `row` (request b, attending like a one-token request of length L): its window list
